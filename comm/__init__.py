@@ -1,0 +1,3 @@
+from comm.communicator import CommCounts, Communicator
+
+__all__ = ["CommCounts", "Communicator"]

@@ -1,0 +1,20 @@
+"""Registry of gradient compressors by config name. Add a new algorithm here (see README)."""
+from compression.base import Compressor, SparseCompressor, StepStats
+from compression.dense import DenseAllreduce
+
+COMPRESSORS: dict[str, type[Compressor]] = {
+    DenseAllreduce.name: DenseAllreduce,
+}
+
+
+def build_compressor(name: str, comm, numel: int, density: float, device="cpu", **options) -> Compressor:
+    """Make the compressor called `name`; `options` are its own keyword arguments (e.g. Ok-Topk's intervals)."""
+    if name not in COMPRESSORS:
+        raise ValueError(f"unknown compression algorithm {name!r}; known: {sorted(COMPRESSORS)}")
+    cls = COMPRESSORS[name]
+    if cls is DenseAllreduce:
+        return cls(comm, numel)
+    return cls(comm, numel, density, device=device, **options)
+
+
+__all__ = ["COMPRESSORS", "Compressor", "SparseCompressor", "StepStats", "build_compressor"]

@@ -1,0 +1,180 @@
+"""The Compressor interface (DESIGN 3) and the error-feedback step every sparse algorithm shares.
+
+A compressor turns each rank's flat gradient into the averaged global update, in place:
+
+    stats = compressor.step(flat_grad, step)   # afterwards flat_grad == global update on every rank
+
+Sparse algorithms only implement `exchange(acc)`: given the accumulated gradient
+acc = grad + residual, select, communicate, and say which global entries get which summed value
+and which of *this rank's* entries were applied. The base class does the rest, identically for
+every algorithm: output = values / P at the global indices, and residual = acc with exactly the
+applied local entries zeroed (what was selected locally but dropped globally stays).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from comm.communicator import Communicator
+
+
+@dataclass
+class StepStats:
+    """What one `step()` did. Every field is defined from the first step on (never NaN)."""
+
+    algorithm: str
+    dense: bool
+    numel: int
+    k: int  # target number of entries (numel for dense)
+    selected_local: int  # entries this rank selected
+    selected_global: int  # entries in the global update
+    bytes_sent: int
+    bytes_recv: int
+    messages: int  # messages sent by this rank
+    seconds_select: float
+    seconds_comm: float
+    dense_bytes: int  # what a dense ring allreduce would have received (for the compression ratio)
+    extra: dict[str, float] = field(default_factory=dict)  # algorithm-specific figures
+
+    @property
+    def density(self) -> float:
+        return self.selected_global / self.numel
+
+    @property
+    def compression_ratio(self) -> float:
+        """Dense allreduce bytes / bytes actually received (1.0 for dense; inf if nothing arrived)."""
+        return self.dense_bytes / self.bytes_recv if self.bytes_recv else float("inf") if self.dense_bytes else 1.0
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(density=self.density, compression_ratio=self.compression_ratio)
+        return d
+
+
+def dense_allreduce_bytes(numel: int, world_size: int, itemsize: int = 4) -> int:
+    """Bytes one rank receives in a ring allreduce of `numel` elements: 2n(P-1)/P."""
+    return 2 * numel * itemsize * (world_size - 1) // world_size
+
+
+class Compressor:
+    """Base of every algorithm. `name` is the registry key (see compression/__init__.py)."""
+
+    name = "base"
+
+    def __init__(self, comm: Communicator, numel: int, density: float = 1.0):
+        if not 0.0 < density <= 1.0:
+            raise ValueError(f"density must be in (0, 1], got {density}")
+        self.comm = comm
+        self.numel = numel
+        self.density = density
+        self.k = max(1, int(round(density * numel)))
+
+    def step(self, flat_grad: torch.Tensor, step: int) -> StepStats:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@dataclass
+class Exchange:
+    """What `SparseCompressor.exchange` returns.
+
+    indices: global entries of the update (each once); values: their sum over ranks (not yet / P);
+    applied: this rank's entries whose value is included in `values` (they leave the residual);
+    selected_local: how many entries this rank selected; seconds_select: time spent selecting;
+    extra: algorithm-specific figures for StepStats.extra.
+    """
+
+    indices: torch.Tensor
+    values: torch.Tensor
+    applied: torch.Tensor
+    selected_local: int
+    seconds_select: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class SparseCompressor(Compressor):
+    """Error feedback around `exchange`. The residual buffer holds acc during the exchange."""
+
+    def __init__(self, comm: Communicator, numel: int, density: float, device: str | torch.device = "cpu"):
+        super().__init__(comm, numel, density)
+        self.residual = torch.zeros(numel, dtype=torch.float32, device=device)
+        self.index_dtype = torch.int32 if numel < 2**31 else torch.int64
+
+    def exchange(self, acc: torch.Tensor, step: int) -> Exchange:
+        raise NotImplementedError
+
+    def step(self, flat_grad: torch.Tensor, step: int) -> StepStats:
+        # The trainer agrees across ranks to skip non-finite steps before calling us, so a
+        # non-finite value here is a bug; refusing it keeps the residual clean.
+        if not torch.isfinite(flat_grad).all():
+            raise FloatingPointError(f"{self.name}: non-finite gradient reached the compressor at step {step}")
+        before = self.comm.counts()
+        self.residual += flat_grad  # residual now holds acc = grad + residual
+        ex = self.exchange(self.residual, step)
+        flat_grad.zero_()
+        flat_grad[ex.indices.long()] = ex.values.to(flat_grad.dtype) / self.comm.size
+        self.residual[ex.applied.long()] = 0.0
+        moved = self.comm.counts() - before
+        return StepStats(
+            algorithm=self.name,
+            dense=False,
+            numel=self.numel,
+            k=self.k,
+            selected_local=ex.selected_local,
+            selected_global=int(ex.indices.numel()),
+            bytes_sent=moved.bytes_sent,
+            bytes_recv=moved.bytes_recv,
+            messages=moved.msgs_sent,
+            seconds_select=ex.seconds_select,
+            seconds_comm=moved.seconds,
+            dense_bytes=dense_allreduce_bytes(self.numel, self.comm.size),
+            extra=ex.extra,
+        )
+
+    def state_dict(self) -> dict:
+        return {"residual": self.residual.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.residual.copy_(state["residual"])
+
+
+def pack_pairs(indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """(index, value) pairs as one uint8 buffer of fixed-size records, so a concatenation of
+    several ranks' buffers (allgatherv, alltoallv) is still a valid buffer. Indices keep their
+    integer type (never packed into floats: exact for any n)."""
+    assert indices.numel() == values.numel()
+    idx = indices.contiguous().view(torch.uint8).view(indices.numel(), -1)
+    val = values.to(torch.float32).contiguous().view(torch.uint8).view(values.numel(), -1)
+    return torch.cat([idx, val], dim=1).flatten()
+
+
+def pair_bytes(index_dtype: torch.dtype) -> int:
+    """Size of one packed (index, float32 value) record."""
+    return torch.empty(0, dtype=index_dtype).element_size() + 4
+
+
+def unpack_pairs(buf: torch.Tensor, index_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    isz = torch.empty(0, dtype=index_dtype).element_size()
+    rec = buf.view(-1, isz + 4)
+    indices = rec[:, :isz].contiguous().view(index_dtype).flatten()
+    values = rec[:, isz:].contiguous().view(torch.float32).flatten()
+    return indices, values
+
+
+class Timer:
+    """`with Timer() as t: ...; t.seconds` -- for selection time in `exchange`."""
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        self.seconds = 0.0
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.t0
