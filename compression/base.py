@@ -150,8 +150,9 @@ def pack_pairs(indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     several ranks' buffers (allgatherv, alltoallv) is still a valid buffer. Indices keep their
     integer type (never packed into floats: exact for any n)."""
     assert indices.numel() == values.numel()
-    idx = indices.contiguous().view(torch.uint8).view(indices.numel(), -1)
-    val = values.to(torch.float32).contiguous().view(torch.uint8).view(values.numel(), -1)
+    # Explicit record widths (not -1): a rank may have nothing to send, and view(0, -1) is ambiguous.
+    idx = indices.contiguous().view(torch.uint8).view(indices.numel(), indices.element_size())
+    val = values.to(torch.float32).contiguous().view(torch.uint8).view(values.numel(), 4)
     return torch.cat([idx, val], dim=1).flatten()
 
 
