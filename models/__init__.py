@@ -1,0 +1,20 @@
+"""Model registry: build_model(name) -> DeepSpeech with that name's spec."""
+from models.deepspeech import DeepSpeech, DeepSpeechSpec
+
+MODELS = {
+    # The paper's model (DESIGN 5): 27,569,568 parameters in 40 tensors.
+    "lstman4": DeepSpeechSpec(),
+    # CPU training runs: thin convs (conv2 dominates CPU time at 32 channels), 3 LSTM layers of 256.
+    "lstman4_small": DeepSpeechSpec(conv_channels=(8, 8), rnn_layers=3, rnn_hidden=256, lookahead_context=20),
+    # Bidirectional CPU variant (no lookahead: the backward direction already sees the future).
+    "lstman4_small_bi": DeepSpeechSpec(conv_channels=(8, 8), rnn_layers=3, rnn_hidden=160, bidirectional=True,
+                                       lookahead_context=0),
+    # Tests and smoke runs: seconds per step.
+    "lstman4_tiny": DeepSpeechSpec(conv_channels=(4, 4), rnn_layers=2, rnn_hidden=48, lookahead_context=4),
+}
+
+
+def build_model(name: str, num_classes: int = 29) -> DeepSpeech:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
+    return DeepSpeech(MODELS[name], num_classes=num_classes)

@@ -1,0 +1,59 @@
+"""Forward+backward time of each model variant on CPU for one batch of 3-second utterances.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/model_speed.py [--threads 1] [--batch 16] [--frames 300]
+
+Prints: variant, parameters, seconds per fwd+bwd (median of --repeats after one warm-up), threads.
+Inputs are random features of real shape (161 bins x 300 frames = 3 s at hop 10 ms) with random
+label sequences, trained with the CTC loss the trainer uses.
+"""
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from models import MODELS, build_model  # noqa: E402
+
+
+def time_fwd_bwd(name, batch, frames, repeats, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    model = build_model(name).train()
+    features = torch.randn(batch, 1, 161, frames, generator=generator)
+    lengths = torch.full((batch,), frames, dtype=torch.int64)
+    targets = torch.randint(1, 29, (batch, 30), generator=generator)
+    target_lengths = torch.full((batch,), 30, dtype=torch.int64)
+    ctc = torch.nn.CTCLoss(blank=0, reduction="sum", zero_infinity=True)
+    seconds = []
+    for _ in range(repeats + 1):  # the first pass warms up allocators and kernels
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        log_probs, out_lengths = model(features, lengths)
+        loss = ctc(log_probs, targets, out_lengths, target_lengths) / batch
+        loss.backward()
+        seconds.append(time.perf_counter() - start)
+    params = sum(p.numel() for p in model.parameters())
+    return params, statistics.median(seconds[1:])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", nargs="*", default=list(MODELS), help="model names (default: all)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--frames", type=int, default=300, help="time frames per utterance (100 per second)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    print(f"batch {args.batch} x {args.frames} frames, fwd+bwd, median of {args.repeats}")
+    print(f"{'variant':<20} {'parameters':>12} {'sec/batch':>10} {'threads':>8}")
+    for name in args.variants:
+        params, seconds = time_fwd_bwd(name, args.batch, args.frames, args.repeats)
+        print(f"{name:<20} {params:>12,} {seconds:>10.3f} {torch.get_num_threads():>8}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
