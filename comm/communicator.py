@@ -233,6 +233,10 @@ class Communicator:
     def allgather_object(self, obj) -> list:
         return [obj] if self.size == 1 else self._comm.allgather(obj)
 
+    def gather_object(self, obj, root: int = 0) -> list | None:
+        """Every rank's object on `root` (in rank order), None elsewhere (e.g. checkpoint state)."""
+        return [obj] if self.size == 1 else self._comm.gather(obj, root=root)
+
     def barrier(self) -> None:
         if self.size > 1:
             self._comm.Barrier()

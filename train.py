@@ -1,0 +1,93 @@
+"""Train a speech model with (sparse) data-parallel gradient exchange.
+
+    python train.py --config configs/an4_cpu.yaml [key.sub=value ...]
+    mpiexec -n 4 python train.py --config configs/an4_cpu.yaml compression.algorithm=oktopk compression.density=0.02
+    python train.py --config configs/an4_cpu.yaml --resume runs/NAME/checkpoints/last.pt
+
+config -> data -> model -> compressor -> Trainer.fit(). Any exception on any rank ends the whole job.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from comm import Communicator
+from training.config import load_config, resolve_for_run, to_yaml
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="YAML experiment config (see configs/)")
+    parser.add_argument("--resume", default="", help="checkpoint to continue from (same as train.resume=PATH)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    return parser.parse_args(argv)
+
+
+def load_dataset(manifest: str, limit: int):
+    """The manifest's utterances, or only its `limit` shortest (quick runs; 0 = all)."""
+    from data.dataset import SpeechDataset
+    from data.manifest import read_manifest
+
+    df = read_manifest(manifest)
+    if limit:
+        df = df.sort_values(["duration", "utt_id"], kind="stable").head(limit)
+    return SpeechDataset(df)
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> dict:
+    # Heavy imports here, so that argument errors are instant.
+    from models import build_model
+    from training.checkpoint import atomic_write_text, load_checkpoint
+    from training.logging import RunLogger
+    from training.runtime import local_rank_and_size, pick_device, seed_everything, set_threads
+    from training.trainer import Trainer
+
+    cfg = load_config(args.config, args.overrides + ([f"train.resume={args.resume}"] if args.resume else []))
+    start_step = None
+    if cfg.train.resume:
+        progress = load_checkpoint(cfg.train.resume)
+        start_step = progress["progress"]["step"]
+        if not cfg.name:  # continue in the same run directory
+            cfg = dataclasses.replace(cfg, name=progress["config"]["name"])
+        del progress
+    cfg = resolve_for_run(cfg, comm)
+    comm.cuda_aware = cfg.distributed.cuda_aware_mpi
+    local_rank, local_size = local_rank_and_size(comm)
+    device = pick_device(cfg.distributed.device, local_rank)
+    threads = set_threads(cfg.train.threads, local_size)
+    seed_everything(cfg.seed)
+
+    log = RunLogger(cfg.run_dir, enabled=comm.rank == 0, purge_step=start_step)
+    if comm.rank == 0:
+        atomic_write_text(cfg.run_dir / "config.yaml", to_yaml(cfg))
+    log.info(f"run {cfg.run_dir} on {comm.size} rank(s), device {device}, {threads} CPU thread(s) per rank\n"
+             f"--- resolved config\n{to_yaml(cfg)}---")
+    train_set = load_dataset(cfg.data.train_manifest, cfg.data.max_train_utterances)
+    dev_set = load_dataset(cfg.data.dev_manifest, cfg.data.max_eval_utterances)
+    test_set = load_dataset(cfg.data.test_manifest, cfg.data.max_eval_utterances) if cfg.data.test_manifest else None
+    log.info(f"data: {len(train_set)} train, {len(dev_set)} dev, {len(test_set) if test_set else 0} test utterances")
+    model = build_model(cfg.model.name)
+    trainer = Trainer(cfg, comm, model, train_set, dev_set, test_set, device, log)
+    if cfg.train.resume:
+        trainer.restore(cfg.train.resume)
+    try:
+        results = trainer.fit()
+    finally:
+        log.close()
+    log.info(f"done: {cfg.run_dir}  " + "  ".join(f"{split} {k} {v:.4f}" for split, summary in results.items()
+                                                  for k, v in summary.items()))
+    return results
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    comm = Communicator()
+    from training.runtime import run_or_abort
+
+    run_or_abort(comm, run, args, comm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""Experiment configuration: YAML -> dataclasses, every key validated, `a.b=value` overrides (DESIGN 8).
+
+    cfg = load_config("configs/an4_cpu.yaml", ["compression.algorithm=oktopk", "train.epochs=3"])
+    cfg = resolve_for_run(cfg, comm)   # real world size, run name; identical on every rank or an error
+
+Unknown keys, wrong types and bad values raise ConfigError naming the full dotted key and where it came
+from (the YAML file or the command-line override).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import time
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class ModelConfig:
+    name: str = "lstman4_small"  # a key of models.MODELS
+
+
+@dataclass
+class DataConfig:
+    train_manifest: str = "manifests/an4_train.csv"
+    dev_manifest: str = "manifests/an4_dev.csv"
+    test_manifest: str = "manifests/an4_test.csv"  # "" = no test evaluation at the end
+    num_workers: int = 0  # DataLoader worker processes per rank (features are computed on the fly)
+    # Quick runs: keep only the N shortest utterances (0 = all) of train, and of dev and test.
+    max_train_utterances: int = 0
+    max_eval_utterances: int = 0
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 30
+    global_batch_size: int = 32  # summed over ranks; must be divisible by the world size
+    eval_batch_size: int = 32  # global, for dev/test evaluation
+    eval_every_epochs: int = 1  # 0 = never evaluate on dev during training
+    log_every_steps: int = 10
+    max_nonfinite_in_row: int = 5  # stop the run after this many skipped (non-finite) steps in a row
+    checksum_every: int = 0  # debug: check every N steps that all replicas hold identical parameters (0 = off)
+    checkpoint_every_steps: int = 0  # also write last.pt every N optimizer steps (0 = only at epoch ends)
+    resume: str = ""  # checkpoint to continue from ("" = start fresh)
+    threads: int = 0  # torch CPU threads per rank; 0 = OMP_NUM_THREADS if set, else cores / ranks on the node
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4  # SGD learning rate after warm-up
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 1e-4
+    max_grad_norm: float = 400.0  # clip the synchronised gradient to this L2 norm (0 = no clipping)
+    lr_warmup_steps: int = 100  # linear warm-up of the learning rate over the first N optimizer steps
+    lr_anneal: float = 1.1  # learning rate divided by this after every epoch (1.0 = constant)
+
+
+@dataclass
+class CompressionConfig:
+    algorithm: str = "dense"  # a key of compression.COMPRESSORS
+    density: float = 0.01  # fraction of gradient entries in the global update (ignored by dense)
+    # Optimizer steps that use dense allreduce before switching to `algorithm`. "auto" = 5% of the
+    # run's optimizer steps (rounded down; a fraction, not a constant, so short runs still compress).
+    warmup_steps: typing.Union[int, str] = "auto"
+    options: dict = field(default_factory=dict)  # keyword arguments of the compressor's constructor
+
+
+@dataclass
+class DistributedConfig:
+    world_size: typing.Optional[int] = None  # if set, must equal the real MPI size; resolved to it
+    cuda_aware_mpi: bool = False  # pass CUDA buffers straight to MPI (else staged through host memory)
+    device: str = "auto"  # auto (cuda if available), cpu or cuda
+
+
+@dataclass
+class Config:
+    name: str = ""  # run name; "" = <model>-<algorithm>-d<density>-p<P>-<YYYYmmdd-HHMMSS>
+    seed: int = 1
+    out_dir: str = "runs"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) / self.name
+
+
+# ---------------------------------------------------------------------------------------- loading
+def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML config (None = defaults only), apply `a.b=value` overrides, validate everything."""
+    raw: dict = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path) as f:
+                raw = yaml.safe_load(f) or {}
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    origins: dict[str, str] = {}  # dotted key -> the override text that set it
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(raw, key, value, text)
+        origins[key] = text
+
+    def where(key: str) -> str:
+        for k, text in origins.items():
+            if key == k or key.startswith(k + ".") or k.startswith(key + "."):
+                return f"command-line override {text!r}"
+        return source
+
+    cfg = _build(Config, raw, "", where)
+    _check_values(cfg, where)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """'train.epochs=3' -> ('train.epochs', 3); values are parsed as YAML (so 0.5, true, null, [1, 2] work)."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part.strip() for part in key.split(".")) or " " in key:
+        raise ConfigError(f"bad override {text!r}: expected key.sub=value, e.g. train.epochs=3")
+    try:
+        return key, yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: value is not valid YAML: {e}") from None
+
+
+def _set_dotted(raw: dict, key: str, value, text: str) -> None:
+    node = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {text!r}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _build(cls, raw, prefix: str, where):
+    if not isinstance(raw, dict):
+        section = prefix[:-1] or "config"
+        raise ConfigError(f"{where(section)}: {section} must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in names:
+            raise ConfigError(f"{where(prefix + str(key))}: unknown key {prefix + str(key)!r}; "
+                              f"known keys here: {', '.join(sorted(names))}")
+    values = {}
+    for key, value in raw.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            values[key] = _build(hint, value, f"{prefix}{key}.", where)
+        else:
+            values[key] = _coerce(value, hint, prefix + key, where)
+    return cls(**values)
+
+
+def _coerce(value, hint, key: str, where):
+    """Check `value` against a field's type; ints are accepted for floats, and '1e-4' strings too
+    (PyYAML reads 1e-4 without a dot as a string)."""
+    options = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)
+    for t in options:
+        if t is type(None) and value is None:
+            return None
+        if t is bool and isinstance(value, bool):
+            return value
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if t is float and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if t is str and isinstance(value, str):
+            return value
+        if t is dict and isinstance(value, dict):
+            return dict(value)
+    wanted = " or ".join("null" if t is type(None) else t.__name__ for t in options)
+    raise ConfigError(f"{where(key)}: {key} must be {wanted}, got {value!r}")
+
+
+def _check_values(cfg: Config, where) -> None:
+    def require(ok: bool, key: str, message: str):
+        if not ok:
+            raise ConfigError(f"{where(key)}: {key} {message}, got {_get_dotted(cfg, key)!r}")
+
+    t, o, c, d = cfg.train, cfg.optim, cfg.compression, cfg.distributed
+    require("/" not in cfg.name and cfg.name not in (".", ".."), "name", "must be a plain directory name")
+    require(t.epochs >= 1, "train.epochs", "must be >= 1")
+    require(t.global_batch_size >= 1, "train.global_batch_size", "must be >= 1")
+    require(t.eval_batch_size >= 1, "train.eval_batch_size", "must be >= 1")
+    require(t.eval_every_epochs >= 0, "train.eval_every_epochs", "must be >= 0")
+    require(t.log_every_steps >= 1, "train.log_every_steps", "must be >= 1")
+    require(t.max_nonfinite_in_row >= 1, "train.max_nonfinite_in_row", "must be >= 1")
+    require(t.checksum_every >= 0, "train.checksum_every", "must be >= 0")
+    require(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", "must be >= 0")
+    require(t.threads >= 0, "train.threads", "must be >= 0")
+    require(cfg.data.num_workers >= 0, "data.num_workers", "must be >= 0")
+    require(cfg.data.max_train_utterances >= 0, "data.max_train_utterances", "must be >= 0 (0 = all)")
+    require(cfg.data.max_eval_utterances >= 0, "data.max_eval_utterances", "must be >= 0 (0 = all)")
+    require(o.lr > 0, "optim.lr", "must be > 0")
+    require(0 <= o.momentum < 1, "optim.momentum", "must be in [0, 1)")
+    require(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+    require(o.max_grad_norm >= 0, "optim.max_grad_norm", "must be >= 0 (0 = no clipping)")
+    require(o.lr_warmup_steps >= 0, "optim.lr_warmup_steps", "must be >= 0")
+    require(o.lr_anneal >= 1.0, "optim.lr_anneal", "must be >= 1.0")
+    require(not o.nesterov or o.momentum > 0, "optim.nesterov", "needs optim.momentum > 0")
+    require(0 < c.density <= 1, "compression.density", "must be in (0, 1]")
+    require(c.warmup_steps == "auto" or (isinstance(c.warmup_steps, int) and c.warmup_steps >= 0),
+            "compression.warmup_steps", "must be 'auto' or an integer >= 0")
+    require(d.world_size is None or d.world_size >= 1, "distributed.world_size", "must be >= 1 or null")
+    require(d.device in ("auto", "cpu", "cuda"), "distributed.device", "must be auto, cpu or cuda")
+    _check_model(cfg.model.name, where)
+    _check_compression(c, where)
+
+
+def _check_model(name: str, where) -> None:
+    from models import MODELS
+
+    if name not in MODELS:
+        raise ConfigError(f"{where('model.name')}: model.name {name!r} is not a known model; known: {sorted(MODELS)}")
+
+
+def _check_compression(c: CompressionConfig, where) -> None:
+    """The algorithm must be registered and every option must be a keyword of its constructor."""
+    from compression import COMPRESSORS
+    from compression.dense import DenseAllreduce
+
+    if c.algorithm not in COMPRESSORS:
+        raise ConfigError(f"{where('compression.algorithm')}: compression.algorithm {c.algorithm!r} is unknown; "
+                          f"known: {sorted(COMPRESSORS)}")
+    cls = COMPRESSORS[c.algorithm]
+    fixed = {"self", "comm", "numel", "density", "device"}
+    params = {} if cls is DenseAllreduce else {
+        name: p for name, p in inspect.signature(cls.__init__).parameters.items()
+        if name not in fixed and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    for name, value in c.options.items():
+        key = f"compression.options.{name}"
+        if name not in params:
+            raise ConfigError(f"{where(key)}: unknown option {key!r} for algorithm {c.algorithm!r}; "
+                              f"its options: {sorted(params) or 'none'}")
+        default = params[name].default
+        if default is not inspect.Parameter.empty and default is not None:
+            if isinstance(default, bool) or isinstance(value, bool):
+                ok = isinstance(default, bool) and isinstance(value, bool)
+            else:
+                ok = isinstance(value, type(default)) or (isinstance(default, float) and isinstance(value, int))
+            if not ok:
+                raise ConfigError(f"{where(key)}: {key} must be like its default {default!r}, got {value!r}")
+
+
+def _get_dotted(cfg, key: str):
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+# ---------------------------------------------------------------------------------------- run time
+def to_dict(cfg: Config) -> dict:
+    return asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def config_digest(cfg: Config) -> str:
+    return hashlib.sha256(yaml.safe_dump(to_dict(cfg), sort_keys=True).encode()).hexdigest()
+
+
+def default_run_name(cfg: Config, world_size: int, timestamp: str) -> str:
+    c = cfg.compression
+    density = "1" if c.algorithm == "dense" else f"{c.density:g}"
+    return f"{cfg.model.name}-{c.algorithm}-d{density}-p{world_size}-{timestamp}"
+
+
+def resolve_for_run(cfg: Config, comm) -> Config:
+    """Record the real world size and the run name (timestamp from rank 0), then check that every
+    rank holds the identical resolved config."""
+    ws = cfg.distributed.world_size
+    if ws is not None and ws != comm.size:
+        raise ConfigError(f"distributed.world_size is {ws} but the job runs {comm.size} MPI ranks; "
+                          f"launch with mpiexec -n {ws} or set distributed.world_size=null")
+    if cfg.train.global_batch_size % comm.size:
+        raise ConfigError(f"train.global_batch_size={cfg.train.global_batch_size} is not divisible by the "
+                          f"{comm.size} ranks")
+    name = cfg.name
+    if not name:
+        timestamp = comm.bcast_object(time.strftime("%Y%m%d-%H%M%S") if comm.rank == 0 else None)
+        name = default_run_name(cfg, comm.size, timestamp)
+    cfg = dataclasses.replace(cfg, name=name,
+                              distributed=dataclasses.replace(cfg.distributed, world_size=comm.size))
+    check_same_on_all_ranks(cfg, comm)
+    return cfg
+
+
+def check_same_on_all_ranks(cfg: Config, comm) -> None:
+    """Allgather a hash of the config; if any rank differs, every rank raises naming the keys."""
+    digests = comm.allgather_object(config_digest(cfg))
+    if len(set(digests)) == 1:
+        return
+    every = comm.allgather_object(_flatten(to_dict(cfg)))
+    lines = []
+    for r, flat in enumerate(every):
+        for key in sorted(set(flat) | set(every[0])):
+            if flat.get(key) != every[0].get(key):
+                lines.append(f"  {key}: rank 0 has {every[0].get(key)!r}, rank {r} has {flat.get(key)!r}")
+    raise ConfigError("the configuration differs between ranks (every rank must run the same config):\n"
+                      + "\n".join(lines))
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def compression_warmup_steps(cfg: Config, total_steps: int) -> int:
+    """Resolve compression.warmup_steps ('auto' = 5% of the run's optimizer steps)."""
+    w = cfg.compression.warmup_steps
+    return total_steps * 5 // 100 if w == "auto" else int(w)

@@ -1,0 +1,50 @@
+"""Sharded evaluation: every rank scores a disjoint share of the set, the error sums are allreduced.
+
+Greedy CTC decoding; corpus WER/CER and the mean per-utterance WER from training.metrics (DESIGN 7).
+Used by the trainer (dev every few epochs, test at the end) and by evaluate.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from data.dataset import BucketingSampler, make_loader
+from data.text import BLANK, greedy_decode
+from training.metrics import ErrorCounts, word_errors
+
+
+@dataclass
+class EvalResult:
+    summary: dict  # wer, cer, wer_utt_mean, loss (absent when undefined, never NaN)
+    utterances: int
+    rows: list = field(default_factory=list)  # (utt_id, word_edits, words, ref, hyp), all ranks, rank 0 only
+
+
+@torch.no_grad()
+def evaluate(model, dataset, comm, device, global_batch_size: int = 32, num_workers: int = 0,
+             keep_rows: bool = False) -> EvalResult:
+    """Collective: every rank must call it. The model is put in eval mode and restored afterwards.
+    keep_rows=True gathers every utterance's (utt_id, edits, words, ref, hyp) on rank 0."""
+    was_training = model.training
+    model.eval()
+    batch_size = -(-global_batch_size // comm.size) * comm.size  # round up to a multiple of P
+    sampler = BucketingSampler(dataset.durations, batch_size, comm.rank, comm.size, shuffle=False, drop_last=False)
+    loss_fn = torch.nn.CTCLoss(blank=BLANK, reduction="sum", zero_infinity=True)
+    counts, rows = ErrorCounts(), []
+    for batch in make_loader(dataset, sampler, num_workers):
+        batch = batch.to(device)
+        log_probs, out_lengths = model(batch.features, batch.feature_lengths)
+        loss = loss_fn(log_probs, batch.targets, out_lengths, batch.target_lengths)
+        counts.add_loss(float(loss), len(batch))
+        for i, hyp in zip(batch.indices, greedy_decode(log_probs, out_lengths)):
+            ref = dataset.transcripts[i]
+            counts.add(ref, hyp)
+            if keep_rows:
+                rows.append((dataset.utt_ids[i], *word_errors(ref, hyp), ref, hyp))
+    model.train(was_training)
+    totals = ErrorCounts.from_tensor(comm.allreduce_(counts.to_tensor()))
+    if keep_rows:
+        gathered = comm.gather_object(rows, root=0)
+        rows = [row for part in gathered for row in part] if comm.rank == 0 else []
+    return EvalResult(totals.summary(), totals.utts, rows)

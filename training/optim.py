@@ -1,0 +1,36 @@
+"""SGD with momentum, the learning-rate schedule, and clipping of the synchronised gradient.
+
+Schedule (deepspeech.pytorch style, which trains DeepSpeech2 on AN4 stably): linear warm-up over the
+first `lr_warmup_steps` optimizer steps, then lr / lr_anneal**epoch. It depends only on (step, epoch),
+so a resumed run needs nothing but those two numbers to continue the same curve.
+"""
+from __future__ import annotations
+
+import torch
+
+from training.config import OptimConfig
+
+
+def build_optimizer(params, cfg: OptimConfig) -> torch.optim.SGD:
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                           weight_decay=cfg.weight_decay)
+
+
+def learning_rate(cfg: OptimConfig, step: int, epoch: int) -> float:
+    """lr for optimizer step `step` (0-based) taken during epoch `epoch` (0-based)."""
+    warm = min(1.0, (step + 1) / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else 1.0
+    return cfg.lr * warm / cfg.lr_anneal**epoch
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_grad_norm_(flat_grad: torch.Tensor, max_norm: float) -> float:
+    """Scale the (already synchronised) flat gradient to L2 norm <= max_norm; return the norm before.
+    Every rank holds the same gradient, so every rank computes the same scale."""
+    norm = float(torch.linalg.vector_norm(flat_grad, dtype=torch.float64))
+    if max_norm > 0 and norm > max_norm:
+        flat_grad.mul_(max_norm / (norm + 1e-6))
+    return norm
