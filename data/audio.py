@@ -1,0 +1,92 @@
+"""Audio loading (soundfile: WAV and NIST SPHERE) and spectrogram features (DESIGN 6)."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import soundfile
+import torch
+import torchaudio
+
+
+class AudioError(ValueError):
+    """An audio file that cannot be used as it is; the message names the file."""
+
+
+def _declared_frames(path, info) -> int | None:
+    """Frames the file's header promises, for the two formats we meet (NIST SPHERE, RIFF WAV);
+    None when unknown. libsndfile silently reads a truncated file up to where it ends, so
+    comparing with this is how a cut-off file is caught."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if head.startswith(b"NIST_1A"):
+        for line in head.split(b"\n"):
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == b"sample_count":
+                return int(parts[2])
+        return None
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE" and info.subtype.startswith("PCM_"):
+        offset = 12
+        while offset + 8 <= len(head):  # walk the chunks to the data chunk
+            chunk, size = head[offset:offset + 4], struct.unpack("<I", head[offset + 4:offset + 8])[0]
+            if chunk == b"data":
+                bytes_per_frame = int(info.subtype[4:]) // 8 * info.channels
+                return None if size in (0, 0xFFFFFFFF) else size // bytes_per_frame  # 0/max: size unknown (streamed)
+            offset += 8 + size + (size & 1)
+    return None
+
+
+def load_audio(path, sample_rate: int = 16000) -> torch.Tensor:
+    """Samples of a mono file as float32 in [-1, 1], shape (samples,). Raises AudioError naming the
+    file if it is unreadable, truncated, empty, not at `sample_rate`, or has more than one channel
+    (we do not resample or downmix silently: AN4 is 16 kHz mono, anything else is a mistake)."""
+    path = str(path)
+    try:
+        info = soundfile.info(path)
+        if info.samplerate != sample_rate:
+            raise AudioError(f"{path}: sample rate {info.samplerate} Hz, expected {sample_rate} Hz")
+        if info.channels != 1:
+            raise AudioError(f"{path}: {info.channels} channels, expected mono")
+        wave, _ = soundfile.read(path, dtype="float32", always_2d=False)
+        declared = _declared_frames(path, info)
+    except AudioError:
+        raise
+    except (OSError, RuntimeError, ValueError, struct.error) as e:  # soundfile's errors are RuntimeErrors
+        raise AudioError(f"{path}: cannot read audio ({e})") from None
+    if declared is not None and len(wave) < declared:
+        raise AudioError(f"{path}: truncated: header declares {declared} samples, file holds {len(wave)}")
+    if len(wave) == 0:
+        raise AudioError(f"{path}: no samples")
+    if not np.isfinite(wave).all():
+        raise AudioError(f"{path}: non-finite samples")
+    return torch.from_numpy(wave)
+
+
+class FeatureExtractor:
+    """Waveform -> normalised log magnitude spectrogram (n_fft // 2 + 1 = 161 bins, T frames).
+
+    STFT with a Hamming window of `window_ms` (20 ms = 320 samples at 16 kHz), hop `hop_ms`
+    (10 ms = 160), centred frames so T = 1 + samples // hop; magnitude (power 1), log1p, then
+    mean 0 / std 1 over the whole utterance (as deepspeech.pytorch does)."""
+
+    def __init__(self, sample_rate: int = 16000, window_ms: float = 20, hop_ms: float = 10):
+        self.sample_rate = sample_rate
+        self.n_fft = int(round(sample_rate * window_ms / 1000))
+        self.hop_length = int(round(sample_rate * hop_ms / 1000))
+        self.num_bins = self.n_fft // 2 + 1
+        self.spectrogram = torchaudio.transforms.Spectrogram(
+            n_fft=self.n_fft, win_length=self.n_fft, hop_length=self.hop_length,
+            window_fn=torch.hamming_window, power=1)
+
+    def num_frames(self, num_samples: int) -> int:
+        return 1 + num_samples // self.hop_length
+
+    def __call__(self, wave: torch.Tensor) -> torch.Tensor:
+        if wave.dim() != 1:
+            raise ValueError(f"expected a 1-D waveform, got shape {tuple(wave.shape)}")
+        if wave.numel() <= self.n_fft // 2:  # the centred STFT reflect-pads n_fft // 2 samples
+            raise ValueError(f"waveform of {wave.numel()} samples is too short (need more than {self.n_fft // 2})")
+        with torch.no_grad():
+            spec = torch.log1p(self.spectrogram(wave.float()))
+            std = spec.std().clamp_min(1e-5)  # a silent (constant) input must not give NaN
+            return (spec - spec.mean()) / std

@@ -1,0 +1,158 @@
+"""Speech dataset, padding collate and the distributed bucketing sampler (DESIGN 2, step 1-2)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch.utils.data import DataLoader
+
+from data.audio import AudioError, FeatureExtractor, load_audio
+from data.manifest import read_manifest
+from data.text import text_to_ids
+
+
+class SpeechDataset(torch.utils.data.Dataset):
+    """Utterances of a manifest (path or DataFrame from read_manifest). Item i is
+    (features (bins, T) float32, target LongTensor of label ids, i). Transcripts are encoded once
+    up front, so a bad character is reported at construction, naming the manifest line."""
+
+    def __init__(self, manifest, features: FeatureExtractor | None = None):
+        df = manifest if isinstance(manifest, pd.DataFrame) else read_manifest(manifest)
+        self.source = df.attrs.get("manifest", "<DataFrame>")
+        self.features = features if features is not None else FeatureExtractor()
+        self.audio = df["audio"].tolist()
+        self.durations = df["duration"].to_numpy(dtype=float)
+        self.transcripts = df["transcript"].tolist()
+        self.utt_ids = df["utt_id"].tolist()
+        lines = df["line"].tolist() if "line" in df.columns else [f"row {i}" for i in range(len(df))]
+        self.targets = []
+        for line, utt_id, transcript in zip(lines, self.utt_ids, self.transcripts):
+            try:
+                self.targets.append(torch.tensor(text_to_ids(transcript), dtype=torch.long))
+            except ValueError as e:
+                raise ValueError(f"{self.source}:{line} ({utt_id}): {e}") from None
+            if len(self.targets[-1]) == 0:
+                raise ValueError(f"{self.source}:{line} ({utt_id}): empty transcript")
+
+    def __len__(self) -> int:
+        return len(self.audio)
+
+    def __getitem__(self, i: int):
+        wave = load_audio(self.audio[i], self.features.sample_rate)
+        try:
+            feats = self.features(wave)
+        except ValueError as e:
+            raise AudioError(f"{self.audio[i]}: {e}") from None
+        return feats, self.targets[i], i
+
+
+@dataclass
+class Batch:
+    """A padded batch, longest utterance first (packed LSTM sequences need that order)."""
+
+    features: torch.Tensor  # (B, 1, bins, Tmax), zero-padded
+    feature_lengths: torch.Tensor  # (B,) int64 frames
+    targets: torch.Tensor  # (sum of target_lengths,) int64, concatenated in batch order
+    target_lengths: torch.Tensor  # (B,) int64
+    indices: list[int]  # dataset positions, in batch order
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Batch(move(self.features), move(self.feature_lengths), move(self.targets), move(self.target_lengths), self.indices)
+
+    def pin_memory(self) -> "Batch":  # called by DataLoader(pin_memory=True)
+        return Batch(self.features.pin_memory(), self.feature_lengths.pin_memory(), self.targets.pin_memory(),
+                     self.target_lengths.pin_memory(), self.indices)
+
+
+def collate(batch) -> Batch:
+    """[(features (bins, T), target, index), ...] -> Batch sorted by T descending (stable)."""
+    batch = sorted(batch, key=lambda item: item[0].shape[1], reverse=True)
+    bins, t_max = batch[0][0].shape[0], batch[0][0].shape[1]
+    features = torch.zeros(len(batch), 1, bins, t_max)
+    for b, (feats, _, _) in enumerate(batch):
+        features[b, 0, :, : feats.shape[1]] = feats
+    return Batch(
+        features=features,
+        feature_lengths=torch.tensor([item[0].shape[1] for item in batch], dtype=torch.long),
+        targets=torch.cat([item[1] for item in batch]),
+        target_lengths=torch.tensor([len(item[1]) for item in batch], dtype=torch.long),
+        indices=[int(item[2]) for item in batch],
+    )
+
+
+class BucketingSampler(torch.utils.data.Sampler):
+    """Batch sampler giving THIS rank its share of length-bucketed global batches.
+
+    Each epoch: sort utterances by duration (ties by index), cut into global batches of
+    `global_batch_size` neighbours, shuffle the order of the global batches with a generator seeded
+    by (seed, epoch) -- the same on every rank -- and give rank r the r-th contiguous slice of each.
+
+    drop_last=True (training): every rank yields the same number of equal batches. The
+    n % global_batch_size utterances left over are dropped; with shuffle they are a different random
+    subset each epoch (so no utterance is never trained on), without shuffle the longest ones.
+    drop_last=False (evaluation): every utterance is yielded exactly once over all ranks; the last,
+    smaller global batch is split as evenly as possible, so ranks may yield different counts.
+    """
+
+    def __init__(self, durations, global_batch_size: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = True):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1} (world_size {world_size})")
+        if global_batch_size < 1 or global_batch_size % world_size:
+            raise ValueError(f"global_batch_size {global_batch_size} must be a positive multiple of world_size {world_size}")
+        self.durations = np.asarray(durations, dtype=float)
+        if drop_last and len(self.durations) < global_batch_size:
+            raise ValueError(f"only {len(self.durations)} utterances: not one full global batch of {global_batch_size} (drop_last=True)")
+        self.global_batch_size = global_batch_size
+        self.rank, self.world_size = rank, world_size
+        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.epoch, self.start_batch = 0, 0
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Select the epoch (reshuffles) and, to resume mid-epoch, skip its first `start_batch` batches."""
+        if start_batch < 0:
+            raise ValueError(f"start_batch must be >= 0, got {start_batch}")
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def global_batches(self) -> list[np.ndarray]:
+        """This epoch's global batches (dataset indices), in the order they will be run."""
+        n, size = len(self.durations), self.global_batch_size
+        rng = np.random.default_rng([self.seed, self.epoch])
+        keep = np.arange(n)
+        if self.drop_last and n % size:
+            if self.shuffle:
+                keep = np.sort(rng.permutation(n)[: n - n % size])
+            else:
+                keep = np.argsort(self.durations, kind="stable")[: n - n % size]
+        order = keep[np.argsort(self.durations[keep], kind="stable")]
+        batches = [order[i:i + size] for i in range(0, len(order), size)]
+        if self.shuffle:
+            batches = [batches[j] for j in rng.permutation(len(batches))]
+        return batches
+
+    def _rank_batches(self) -> list[list[int]]:
+        shares = [np.array_split(batch, self.world_size)[self.rank] for batch in self.global_batches()]
+        return [share.tolist() for share in shares if len(share)]
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches this rank runs in a whole epoch (ignoring start_batch)."""
+        return len(self._rank_batches())
+
+    def __len__(self) -> int:
+        return max(0, self.batches_per_epoch - self.start_batch)
+
+    def __iter__(self):
+        yield from self._rank_batches()[self.start_batch:]
+
+
+def make_loader(dataset: SpeechDataset, sampler: BucketingSampler, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
+    """DataLoader that runs `sampler`'s batches through `collate`."""
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
+                      pin_memory=pin_memory, persistent_workers=False)

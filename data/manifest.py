@@ -1,0 +1,275 @@
+"""Manifests: read, write, check and fix the paths of the CSV files that list a data set (DESIGN 6).
+
+Two formats are read:
+  ours    header `audio,duration,transcript,utt_id,speaker`; audio relative to the manifest's
+          directory (or absolute).
+  legacy  no header, two columns `/abs/path.wav,/abs/path.txt` (deepspeech.pytorch and the original
+          Ok-Topk manifests); the transcript is read from the txt file, the duration from the audio header.
+
+`read_manifest` gives one DataFrame for both. The fix-paths functions work on the raw rows instead,
+so that a manifest whose files are not (yet) where it says can still be repaired.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import soundfile
+
+COLUMNS = ["audio", "duration", "transcript", "utt_id", "speaker"]
+OURS, LEGACY = "ours", "legacy"
+PATH_FIELDS = {OURS: (0,), LEGACY: (0, 1)}  # which fields of a row are file paths
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read; the message names the file and line."""
+
+
+@dataclass
+class RawManifest:
+    """A manifest as text rows: `rows` holds (line number, fields) for every data row."""
+
+    path: Path
+    format: str  # OURS or LEGACY
+    rows: list[tuple[int, list[str]]]
+
+
+# ---------------------------------------------------------------- reading
+
+def read_raw(path) -> RawManifest:
+    """Split a manifest into rows and tell its format, without touching the files it lists."""
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"manifest {path} does not exist")
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        try:
+            lines = [(reader.line_num, fields) for fields in reader]  # line_num: where the record ends
+        except (csv.Error, UnicodeDecodeError) as e:
+            raise ManifestError(f"{path}:{reader.line_num + 1}: not a readable CSV line ({e})") from None
+    if not lines:
+        raise ManifestError(f"manifest {path} is empty")
+    first = [value.strip() for value in lines[0][1]]
+    if first == COLUMNS:
+        fmt, body, width = OURS, lines[1:], len(COLUMNS)
+    elif len(first) == 2:
+        fmt, body, width = LEGACY, lines, 2
+    else:
+        raise ManifestError(
+            f"{path}:1: neither our header {','.join(COLUMNS)!r} nor a legacy two-column row "
+            f"(audio,transcript.txt): got {len(first)} fields {lines[0][1]!r}")
+    rows = []
+    for line, fields in body:
+        if not fields or (len(fields) == 1 and not fields[0].strip()):
+            continue  # blank line
+        if len(fields) != width:
+            raise ManifestError(f"{path}:{line}: expected {width} fields for a {fmt} manifest, got {len(fields)}: {fields!r}")
+        if any(not fields[i].strip() for i in PATH_FIELDS[fmt]):
+            raise ManifestError(f"{path}:{line}: empty path in {fields!r}")
+        rows.append((line, fields))
+    return RawManifest(path, fmt, rows)
+
+
+def resolve(path_field: str, manifest_dir) -> str:
+    """An absolute path: relative paths are relative to the manifest's directory. Symlinks are kept."""
+    return os.path.abspath(os.path.join(manifest_dir, path_field.strip()))
+
+
+def read_manifest(path) -> pd.DataFrame:
+    """Read a manifest of either format into columns audio (absolute), duration, transcript, utt_id,
+    speaker, plus `line` (its line in the file). `df.attrs["manifest"]` names the file."""
+    raw = read_raw(path)
+    base = raw.path.parent
+    records = []
+    for line, fields in raw.rows:
+        where = f"{raw.path}:{line}"
+        if raw.format == OURS:
+            audio, duration, transcript, utt_id, speaker = fields
+            try:
+                duration = float(duration)
+            except ValueError:
+                raise ManifestError(f"{where}: duration {duration!r} is not a number") from None
+            audio = resolve(audio, base)
+        else:
+            audio, txt = resolve(fields[0], base), resolve(fields[1], base)
+            try:
+                with open(txt, encoding="utf-8") as f:
+                    transcript = f.read()
+                info = soundfile.info(audio)
+            except (OSError, RuntimeError) as e:
+                raise ManifestError(f"{where}: {e} (repair paths with scripts/fix_manifest.py)") from None
+            duration = info.frames / info.samplerate
+            utt_id, speaker = Path(audio).stem, Path(audio).parent.name
+        if not (math.isfinite(duration) and duration > 0):
+            raise ManifestError(f"{where}: duration must be a positive number, got {duration}")
+        transcript = " ".join(transcript.split())
+        records.append((audio, duration, transcript, utt_id.strip(), speaker.strip(), line))
+    df = pd.DataFrame.from_records(records, columns=COLUMNS + ["line"])
+    df["duration"] = df["duration"].astype(float)
+    df.attrs["manifest"] = str(raw.path)
+    return df
+
+
+def missing_files(df: pd.DataFrame) -> list[tuple[int, str]]:
+    """(line number, path) of every audio file that does not exist. Lines come from the `line`
+    column when the frame was read from a file, else from the row position (+2 for the header)."""
+    lines = df["line"].tolist() if "line" in df.columns else range(2, len(df) + 2)
+    return [(int(line), audio) for line, audio in zip(lines, df["audio"]) if not os.path.isfile(audio)]
+
+
+# ---------------------------------------------------------------- writing
+
+def relative_if_sensible(path: str, manifest_dir) -> str:
+    """`path` relative to the manifest's directory, unless the two share nothing but the filesystem
+    root (then a relative path would only break when either moves, so keep it absolute)."""
+    path, manifest_dir = os.path.abspath(path), os.path.abspath(manifest_dir)
+    if os.path.commonpath([path, manifest_dir]) == os.path.sep:
+        return path
+    return os.path.relpath(path, manifest_dir)
+
+
+def write_text_atomic(path, text: str) -> bool:
+    """Write `text` to `path` via a temporary file and os.replace, so readers never see half a file.
+    Returns False (and leaves the file alone, mtime included) when it already holds exactly `text`."""
+    path = Path(path)
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return True
+
+
+def _csv_text(rows, header=None) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    if header:
+        writer.writerow(header)
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def write_manifest(df: pd.DataFrame, path, relative: bool = True) -> bool:
+    """Write `df` in our format, atomically; audio paths relative to the manifest's directory when
+    `relative` (and sensible). Returns False if the file already had exactly this content."""
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"cannot write manifest {path}: DataFrame lacks columns {missing}")
+    manifest_dir = Path(path).absolute().parent
+    rows = []
+    for audio, duration, transcript, utt_id, speaker in df[COLUMNS].itertuples(index=False):
+        audio = relative_if_sensible(audio, manifest_dir) if relative else os.path.abspath(audio)
+        rows.append([audio, repr(float(duration)), transcript, utt_id, speaker])
+    return write_text_atomic(path, _csv_text(rows, header=COLUMNS))
+
+
+def write_raw(raw: RawManifest, path) -> bool:
+    """Write rows in the manifest's own format (header for ours, none for legacy), atomically."""
+    return write_text_atomic(path, _csv_text([fields for _, fields in raw.rows], header=COLUMNS if raw.format == OURS else None))
+
+
+# ---------------------------------------------------------------- fixing paths
+
+def rewrite_prefix(path: str, old_root: str, new_root: str) -> str | None:
+    """`path` with the directory prefix `old_root` replaced by `new_root`; None if it is not under old_root."""
+    old = old_root.rstrip(os.sep) or os.sep
+    if path == old:
+        return new_root
+    if path.startswith(old.rstrip(os.sep) + os.sep):
+        return os.path.join(new_root, path[len(old):].lstrip(os.sep))
+    return None
+
+
+def build_index(search_root) -> dict[str, list[str]]:
+    """basename -> every absolute path with that name under `search_root` (one walk of the tree)."""
+    search_root = os.path.abspath(search_root)
+    if not os.path.isdir(search_root):
+        raise FileNotFoundError(f"search root {search_root} is not a directory")
+    index = defaultdict(list)
+    for directory, _, files in os.walk(search_root):
+        for name in files:
+            index[name].append(os.path.join(directory, name))
+    return dict(index)
+
+
+def _common_suffix_parts(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(reversed(Path(a).parts), reversed(Path(b).parts)):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def find_by_name(path: str, index: dict[str, list[str]]) -> tuple[str | None, str]:
+    """Look `path` up by basename. Among several candidates the one sharing the longest tail of
+    directories with `path` wins (train/wav/x.wav over test/wav/x.wav); a tie is ambiguous.
+    Returns (found path or None, reason when None)."""
+    candidates = index.get(os.path.basename(path), [])
+    if not candidates:
+        return None, "not found under the search root"
+    if len(candidates) == 1:
+        return candidates[0], ""
+    scored = sorted(((_common_suffix_parts(path, c), c) for c in candidates), reverse=True)
+    if scored[0][0] == scored[1][0]:
+        return None, f"ambiguous: {len(candidates)} files named {os.path.basename(path)!r}, e.g. {scored[0][1]} and {scored[1][1]}"
+    return scored[0][1], ""
+
+
+@dataclass
+class FixReport:
+    rows: int = 0
+    paths: int = 0
+    rewritten: int = 0  # by prefix
+    found: int = 0  # by search
+    unresolved: list[tuple[int, str, str]] = field(default_factory=list)  # (line, path, reason)
+
+
+def fix_paths(raw: RawManifest, out_path=None, old_root=None, new_root=None, index=None) -> tuple[RawManifest, FixReport]:
+    """Repair every path of `raw` (both paths of a legacy row): first replace the prefix old_root ->
+    new_root, then, if the file still does not exist and an `index` (from build_index) is given,
+    look it up by name. Every row is kept; rows whose file cannot be found keep their best-guess
+    path and are listed in report.unresolved. Our-format paths are written relative to the
+    directory of `out_path` (default: the manifest itself) when sensible; legacy paths stay absolute."""
+    if (old_root is None) != (new_root is None):
+        raise ValueError("old_root and new_root go together")
+    out_dir = Path(out_path if out_path is not None else raw.path).absolute().parent
+    report = FixReport(rows=len(raw.rows))
+    new_rows = []
+    for line, fields in raw.rows:
+        fields = list(fields)
+        for i in PATH_FIELDS[raw.format]:
+            path = resolve(fields[i], raw.path.parent)
+            report.paths += 1
+            if old_root is not None:
+                rewritten = rewrite_prefix(path, os.path.abspath(old_root), os.path.abspath(new_root))
+                if rewritten is not None:
+                    path = rewritten
+                    report.rewritten += 1
+            reason = "file does not exist"
+            if not os.path.isfile(path) and index is not None:
+                found, reason = find_by_name(path, index)
+                if found is not None:
+                    path = found
+                    report.found += 1
+            if not os.path.isfile(path):
+                report.unresolved.append((line, path, reason))
+            fields[i] = relative_if_sensible(path, out_dir) if raw.format == OURS else path
+        new_rows.append((line, fields))
+    return RawManifest(raw.path, raw.format, new_rows), report

@@ -1,0 +1,51 @@
+"""Character labels for CTC (DESIGN 5): blank at index 0, space last, and greedy decoding."""
+from __future__ import annotations
+
+import torch
+
+LABELS = "_'ABCDEFGHIJKLMNOPQRSTUVWXYZ "
+BLANK = 0
+NUM_CLASSES = len(LABELS)  # 29
+_INDEX = {c: i for i, c in enumerate(LABELS)}
+
+
+def text_to_ids(text: str) -> list[int]:
+    """Upper-case `text` and map each character to its label index. The blank symbol '_' is not a
+    character a transcript may contain."""
+    ids = []
+    for position, char in enumerate(text.upper()):
+        index = _INDEX.get(char)
+        if index is None or index == BLANK:
+            raise ValueError(f"character {char!r} at position {position} of {text!r} is not one of the labels {LABELS[1:]!r}")
+        ids.append(index)
+    return ids
+
+
+def ids_to_text(ids) -> str:
+    """Label indices (list or 1-D tensor) -> string. Blanks are kept as '_' (no CTC collapsing here)."""
+    out = []
+    for i in ids:
+        i = int(i)
+        if not 0 <= i < NUM_CLASSES:
+            raise ValueError(f"label index {i} is outside 0..{NUM_CLASSES - 1}")
+        out.append(LABELS[i])
+    return "".join(out)
+
+
+def greedy_decode(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+    """Best-path CTC decoding: argmax per frame, collapse repeats, drop blanks.
+    log_probs: (T, B, C); lengths: (B,) valid frames per utterance. Leading/trailing spaces are
+    stripped and runs of spaces squeezed so the result compares word-by-word with a transcript."""
+    if log_probs.dim() != 3:
+        raise ValueError(f"log_probs must be (T, B, C), got shape {tuple(log_probs.shape)}")
+    best = log_probs.argmax(dim=2).t().cpu()  # (B, T)
+    texts = []
+    for b, length in enumerate(lengths.tolist()):
+        path = best[b, : int(length)].tolist()
+        chars, previous = [], None
+        for index in path:
+            if index != previous and index != BLANK:
+                chars.append(LABELS[index])
+            previous = index
+        texts.append(" ".join("".join(chars).split()))
+    return texts

@@ -1,0 +1,37 @@
+"""Shared fixtures: AN4 prepared from the project's copy of the archive (required by the suite)."""
+from pathlib import Path
+
+import pytest
+
+from data.an4 import prepare_an4
+from data.manifest import read_manifest, write_manifest
+
+REPO = Path(__file__).resolve().parent.parent
+AN4_ARCHIVE = REPO.parent / "shared" / "data" / "an4_sphere.tar.gz"
+DATA_DIR = REPO / "datasets"  # gitignored; the extraction is reused across runs
+TEST_MANIFESTS = DATA_DIR / "test_manifests"  # never the user's manifests/
+
+
+@pytest.fixture(scope="session")
+def an4_prepared() -> dict:
+    """prepare_an4's result (paths) for AN4 extracted under datasets/, manifests in datasets/test_manifests/."""
+    if not AN4_ARCHIVE.is_file():
+        pytest.fail(f"the AN4 archive {AN4_ARCHIVE} is required by the test suite and is missing "
+                    f"(it is CMU's an4_sphere.tar.gz; see ../shared/data/README.md)")
+    return prepare_an4(AN4_ARCHIVE, DATA_DIR, TEST_MANIFESTS)
+
+
+@pytest.fixture(scope="session")
+def an4_manifests(an4_prepared) -> Path:
+    """Directory holding an4_train.csv, an4_dev.csv and an4_test.csv."""
+    return an4_prepared["train"].parent
+
+
+@pytest.fixture(scope="session")
+def tiny_manifest(an4_manifests, tmp_path_factory) -> Path:
+    """A manifest (our format) of the 8 shortest real AN4 training utterances, under pytest's tmp dir."""
+    train = read_manifest(an4_manifests / "an4_train.csv")
+    tiny = train.sort_values(["duration", "utt_id"], kind="stable").head(8)
+    path = tmp_path_factory.mktemp("tiny") / "tiny.csv"
+    write_manifest(tiny, path)
+    return path

@@ -1,0 +1,226 @@
+"""Audio loading, features, dataset/collate and the distributed bucketing sampler, on real AN4 audio."""
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from data.audio import AudioError, FeatureExtractor, load_audio
+from data.dataset import BucketingSampler, SpeechDataset, collate, make_loader
+from data.manifest import read_manifest
+from data.text import text_to_ids
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_manifest):
+    return read_manifest(tiny_manifest)
+
+
+@pytest.fixture(scope="module")
+def real_wave(tiny):
+    path = tiny["audio"][0]
+    data, rate = soundfile.read(path, dtype="int16")
+    return path, data, rate
+
+
+# ---------------------------------------------------------------- audio
+
+def test_load_audio_reads_sphere_and_wav_alike(real_wave, tmp_path):
+    path, data, rate = real_wave
+    wave = load_audio(path)
+    assert wave.dtype == torch.float32 and wave.dim() == 1 and len(wave) == len(data)
+    assert wave.abs().max() <= 1.0
+    assert torch.equal(wave, torch.from_numpy(data.astype(np.float32) / 32768))  # PCM16 scaling, exact
+    wav = tmp_path / "copy.wav"
+    soundfile.write(wav, data, rate, subtype="PCM_16")
+    assert torch.equal(load_audio(wav), wave)
+
+
+def test_wrong_sample_rate(real_wave, tmp_path):
+    _, data, _ = real_wave
+    path = tmp_path / "eight_khz.wav"
+    soundfile.write(path, data[::2], 8000, subtype="PCM_16")
+    with pytest.raises(AudioError, match="8000 Hz") as error:
+        load_audio(path)
+    assert str(path) in str(error.value)
+
+
+def test_stereo(real_wave, tmp_path):
+    _, data, rate = real_wave
+    path = tmp_path / "stereo.wav"
+    soundfile.write(path, np.stack([data, data], axis=1), rate, subtype="PCM_16")
+    with pytest.raises(AudioError, match="2 channels") as error:
+        load_audio(path)
+    assert str(path) in str(error.value)
+
+
+def test_corrupt_files(real_wave, tmp_path):
+    path, data, rate = real_wave
+    garbage = tmp_path / "garbage.wav"
+    garbage.write_bytes(np.random.default_rng(0).bytes(5000))
+    sphere_cut = tmp_path / "cut.sph"  # a real SPHERE file cut in the middle of its samples
+    sphere_cut.write_bytes(open(path, "rb").read()[:4000])
+    wav = tmp_path / "full.wav"
+    soundfile.write(wav, data, rate, subtype="PCM_16")
+    wav_cut = tmp_path / "cut.wav"
+    wav_cut.write_bytes(wav.read_bytes()[:3000])
+    header_only = tmp_path / "header_only.sph"
+    header_only.write_bytes(open(path, "rb").read()[:300])
+    for bad in (garbage, sphere_cut, wav_cut, header_only, tmp_path / "absent.wav"):
+        with pytest.raises(AudioError) as error:
+            load_audio(bad)
+        assert str(bad) in str(error.value), error.value
+    with pytest.raises(AudioError, match="truncated"):
+        load_audio(sphere_cut)
+    with pytest.raises(AudioError, match="truncated"):
+        load_audio(wav_cut)
+
+
+# ---------------------------------------------------------------- features
+
+def reference_features(wave: np.ndarray) -> np.ndarray:
+    """The same features by hand with numpy: centred frames (reflect padding), periodic Hamming
+    window, |rfft|, log1p, whole-utterance normalisation with the unbiased std."""
+    n_fft, hop = 320, 160
+    padded = np.pad(wave.astype(np.float64), n_fft // 2, mode="reflect")
+    frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop]
+    window = 0.54 - 0.46 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
+    spec = np.log1p(np.abs(np.fft.rfft(frames * window, axis=1))).T
+    return (spec - spec.mean()) / spec.std(ddof=1)
+
+
+def test_features_match_numpy_reference(tiny):
+    extractor = FeatureExtractor()
+    for path in tiny["audio"][:3]:
+        wave = load_audio(path)
+        feats = extractor(wave)
+        assert feats.shape == (161, 1 + len(wave) // 160) and feats.dtype == torch.float32
+        assert extractor.num_frames(len(wave)) == feats.shape[1]
+        assert abs(feats.mean().item()) < 1e-4 and abs(feats.std().item() - 1) < 1e-4
+        np.testing.assert_allclose(feats.numpy(), reference_features(wave.numpy()), atol=2e-4)
+
+
+def test_features_of_silence_and_too_short_input():
+    assert torch.isfinite(FeatureExtractor()(torch.zeros(16000))).all()
+    with pytest.raises(ValueError, match="too short"):
+        FeatureExtractor()(torch.zeros(100))
+
+
+# ---------------------------------------------------------------- dataset and collate
+
+def test_dataset_items_and_collate(tiny_manifest, tiny):
+    dataset = SpeechDataset(tiny_manifest)
+    assert len(dataset) == 8 and list(dataset.utt_ids) == list(tiny["utt_id"])
+    np.testing.assert_array_equal(dataset.durations, tiny["duration"].to_numpy())
+    items = [dataset[i] for i in (5, 0, 3)]
+    for feats, target, i in items:
+        samples = int(round(tiny["duration"][i] * 16000))
+        assert feats.shape == (161, 1 + samples // 160)
+        assert target.tolist() == text_to_ids(tiny["transcript"][i])
+    batch = collate(items)
+    order = sorted(items, key=lambda item: -item[0].shape[1])
+    assert batch.indices == [item[2] for item in order]
+    assert batch.features.shape == (3, 1, 161, order[0][0].shape[1])
+    assert batch.feature_lengths.tolist() == [item[0].shape[1] for item in order]
+    assert batch.feature_lengths.dtype == torch.int64 and batch.target_lengths.dtype == torch.int64
+    assert batch.targets.tolist() == sum((item[1].tolist() for item in order), [])
+    assert batch.target_lengths.tolist() == [len(item[1]) for item in order]
+    for b, (feats, _, _) in enumerate(order):
+        assert torch.equal(batch.features[b, 0, :, : feats.shape[1]], feats)
+        assert not batch.features[b, 0, :, feats.shape[1]:].any()  # zero padding
+
+
+def test_dataset_names_bad_transcript(tiny):
+    bad = tiny.copy()
+    bad.loc[2, "transcript"] = "HELLO 42"
+    with pytest.raises(ValueError, match=r":4 \(.*'4'") as error:  # row 2 is line 4 of the file (header + 1-based)
+        SpeechDataset(bad)
+    assert bad.attrs["manifest"] in str(error.value)
+
+
+def test_loader_yields_sampler_batches(tiny_manifest):
+    dataset = SpeechDataset(tiny_manifest)
+    sampler = BucketingSampler(dataset.durations, global_batch_size=4, seed=3)
+    for workers in (0, 1):
+        batches = list(make_loader(dataset, sampler, num_workers=workers))
+        assert [sorted(b.indices) for b in batches] == [sorted(s) for s in sampler]
+        assert len(batches) == len(sampler) == 2
+
+
+# ---------------------------------------------------------------- sampler
+
+DURATIONS = np.random.default_rng(7).uniform(0.5, 6.0, size=103)  # 103: leaves a partial global batch
+
+
+def rank_batches(durations, world_size, epoch=0, **kwargs):
+    per_rank = []
+    for rank in range(world_size):
+        sampler = BucketingSampler(durations, rank=rank, world_size=world_size, **kwargs)
+        sampler.set_epoch(epoch)
+        per_rank.append(list(sampler))
+        assert len(sampler) == len(per_rank[-1])
+    return per_rank
+
+
+def test_sampler_shares_are_disjoint_equal_and_independent_of_world_size():
+    reference = None
+    for world_size in (1, 2, 3, 4):
+        per_rank = rank_batches(DURATIONS, world_size, global_batch_size=12, seed=5)
+        counts = {len(batches) for batches in per_rank}
+        assert counts == {103 // 12}, "every rank must run the same number of steps"
+        assert all(len(b) == 12 // world_size for batches in per_rank for b in batches)
+        flat = [i for batches in per_rank for b in batches for i in b]
+        assert len(flat) == len(set(flat)) == 103 // 12 * 12  # disjoint, remainder dropped
+        global_batches = [frozenset().union(*(per_rank[r][step] for r in range(world_size))) for step in range(len(per_rank[0]))]
+        reference = reference or global_batches
+        assert global_batches == reference
+    # bucketing: a global batch holds neighbours in duration order
+    order = np.argsort(DURATIONS, kind="stable")
+    rank_in_order = {int(index): position for position, index in enumerate(order)}
+    for batch in reference:
+        positions = sorted(rank_in_order[i] for i in batch)
+        assert positions[-1] - positions[0] < 12 + 103 % 12
+
+
+def test_sampler_epochs_and_seeds():
+    def epoch_order(epoch, seed):
+        return rank_batches(DURATIONS, 2, epoch=epoch, global_batch_size=8, seed=seed)
+    assert epoch_order(0, 1) == epoch_order(0, 1)
+    assert epoch_order(0, 1) != epoch_order(1, 1)
+    assert epoch_order(0, 1) != epoch_order(0, 2)
+    # dropped utterances change from epoch to epoch, so none is never trained on
+    seen = set()
+    for epoch in range(10):
+        seen |= {i for batches in epoch_order(epoch, 1) for b in batches for i in b}
+    assert seen == set(range(103))
+
+
+def test_sampler_resume_matches_tail_of_epoch():
+    full = rank_batches(DURATIONS, 3, epoch=4, global_batch_size=9, seed=0)
+    for rank in range(3):
+        sampler = BucketingSampler(DURATIONS, 9, rank=rank, world_size=3, seed=0)
+        sampler.set_epoch(4, start_batch=5)
+        assert list(sampler) == full[rank][5:] and len(sampler) == len(full[rank]) - 5
+        assert sampler.batches_per_epoch == len(full[rank])
+        sampler.set_epoch(5)
+        assert len(list(sampler)) == len(full[rank])
+
+
+def test_sampler_eval_covers_everything_once():
+    for world_size in (1, 2, 3, 4):
+        per_rank = rank_batches(DURATIONS, world_size, global_batch_size=12, shuffle=False, drop_last=False)
+        flat = sorted(i for batches in per_rank for b in batches for i in b)
+        assert flat == list(range(103))
+        assert all(len(b) > 0 for batches in per_rank for b in batches)
+    # without shuffling, batches run from the shortest to the longest utterances
+    (single,) = rank_batches(DURATIONS, 1, global_batch_size=8, shuffle=False, drop_last=False)
+    firsts = [DURATIONS[b].max() for b in single]
+    assert firsts == sorted(firsts)
+
+
+def test_sampler_rejects_bad_configuration():
+    with pytest.raises(ValueError, match="multiple of world_size 3"):
+        BucketingSampler(DURATIONS, 8, rank=0, world_size=3)
+    with pytest.raises(ValueError, match="rank 4"):
+        BucketingSampler(DURATIONS, 8, rank=4, world_size=4)
+    with pytest.raises(ValueError, match="not one full global batch"):
+        BucketingSampler(DURATIONS[:5], 8)
