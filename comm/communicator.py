@@ -107,6 +107,8 @@ class Communicator:
     # ------------------------------------------------------------------ collectives
     def allreduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In-place allreduce (sum, max or min). Counted as a ring: 2n(P-1)/P elements each way."""
+        if t.dtype == torch.bfloat16:  # _buf passes it as int16, which MPI would add as integers
+            raise TypeError("allreduce_ of bfloat16 is not supported (MPI has no bfloat16 sum): cast to float32")
         t0 = time.perf_counter()
         if self.size > 1:
             host = self._host(t)

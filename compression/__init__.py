@@ -1,9 +1,17 @@
 """Registry of gradient compressors by config name. Add a new algorithm here (see README)."""
 from compression.base import Compressor, SparseCompressor, StepStats
 from compression.dense import DenseAllreduce
+from compression.gaussiank import Gaussiank
+from compression.gtopk import GTopk
+from compression.topk_allgather import TopkAllgather
+from compression.topk_dsa import TopkDSA
 
 COMPRESSORS: dict[str, type[Compressor]] = {
     DenseAllreduce.name: DenseAllreduce,
+    TopkAllgather.name: TopkAllgather,
+    TopkDSA.name: TopkDSA,
+    GTopk.name: GTopk,
+    Gaussiank.name: Gaussiank,
 }
 
 

@@ -1,0 +1,73 @@
+"""Gaussiank: threshold selection from a Gaussian fit of acc, allgatherv (DESIGN 4).
+
+Selection rule (per rank, no state across steps):
+  mean, std = mean and population std of acc;
+  z = the standard normal quantile with two-sided tail `density`: P(|X| >= z) = density;
+  select the entries with |acc - mean| >= t, starting from t = z * std.
+Real gradients have heavier tails than a Gaussian, so the first count is often off. When the
+count c is outside [k / tolerance, k * tolerance] (default [k/2, 2k]) the threshold is corrected,
+at most `max_adjust` times (default 4): a count too high makes t a lower bound, too low an upper
+bound; the next t doubles the lower bound or halves the upper bound while only one side is known,
+and is the geometric mean of the two once both are. The last threshold tried is used, in range
+or not.
+Then an allgatherv of every rank's pairs (sizes vary, so they are exchanged first as 'meta'),
+scatter-add; every local selection is applied. Volume ~2k(P-1) words, like TopkA.
+"""
+import math
+from statistics import NormalDist
+
+import torch
+
+from compression.base import Exchange, SparseCompressor, Timer, pack_pairs, unpack_pairs
+from compression.topk_allgather import sum_pairs
+
+
+class Gaussiank(SparseCompressor):
+    name = "gaussiank"
+
+    def __init__(self, comm, numel: int, density: float, device="cpu", tolerance: float = 2.0, max_adjust: int = 4):
+        super().__init__(comm, numel, density, device)
+        if tolerance < 1.0:
+            raise ValueError(f"gaussiank: tolerance must be >= 1, got {tolerance}")
+        if max_adjust < 0:
+            raise ValueError(f"gaussiank: max_adjust must be >= 0, got {max_adjust}")
+        self.tolerance = tolerance
+        self.max_adjust = max_adjust
+        self.z = NormalDist().inv_cdf(1.0 - density / 2.0) if density < 1.0 else 0.0
+
+    def select(self, acc: torch.Tensor) -> tuple[torch.Tensor, float, int]:
+        """(selected indices ascending, final threshold, corrections made)."""
+        std, mean = torch.std_mean(acc, correction=0)
+        deviation = (acc - mean).abs()
+        t = self.z * std.item()
+        lower, upper = 0.0, math.inf  # t bounds known so far (count too high at lower, too low at upper)
+        for adjust in range(self.max_adjust + 1):
+            count = int((deviation >= t).sum().item())
+            if self.k / self.tolerance <= count <= self.k * self.tolerance or adjust == self.max_adjust:
+                break
+            if count > self.k * self.tolerance:
+                lower = t
+            else:
+                upper = t
+            if upper == math.inf:
+                t = 2.0 * lower if lower > 0 else 1e-30
+            elif lower == 0.0:
+                t = upper / 2.0
+            else:
+                t = math.sqrt(lower * upper)
+        return torch.nonzero(deviation >= t).flatten(), t, adjust
+
+    def exchange(self, acc: torch.Tensor, step: int) -> Exchange:
+        with Timer() as timer:
+            local, threshold, adjusts = self.select(acc)
+            send = pack_pairs(local.to(self.index_dtype), acc[local])
+        received, _ = self.comm.allgatherv(send)
+        indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype), self.numel)
+        return Exchange(
+            indices,
+            values,
+            applied=local,
+            selected_local=local.numel(),
+            seconds_select=timer.seconds,
+            extra={"threshold": threshold, "threshold_adjustments": float(adjusts)},
+        )

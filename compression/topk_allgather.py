@@ -1,0 +1,31 @@
+"""TopkA: exact local top-k, allgather of the (index, value) pairs, scatter-add (DESIGN 4).
+
+Every rank selects exactly k' = min(k, n) entries, so every rank knows every message size and
+the allgatherv needs no size exchange. Volume per rank: it sends its k' pairs to the P-1 others
+and receives the others' (P-1)k' pairs (2k(P-1) words in the paper's model).
+"""
+import torch
+
+from compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from compression.selection import topk_indices
+
+
+def sum_pairs(indices: torch.Tensor, values: torch.Tensor, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum the values of duplicate indices: (distinct indices ascending, their sums)."""
+    dense = torch.zeros(numel, dtype=torch.float32, device=values.device)
+    dense.index_add_(0, indices.long(), values)
+    unique = torch.unique(indices.long())
+    return unique, dense[unique]
+
+
+class TopkAllgather(SparseCompressor):
+    name = "topka"
+
+    def exchange(self, acc: torch.Tensor, step: int) -> Exchange:
+        with Timer() as t:
+            local = topk_indices(acc, self.k)
+            send = pack_pairs(local.to(self.index_dtype), acc[local])
+        nbytes = local.numel() * pair_bytes(self.index_dtype)  # identical on every rank
+        received, _ = self.comm.allgatherv(send, counts=[nbytes] * self.comm.size)
+        indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype), self.numel)
+        return Exchange(indices, values, applied=local, selected_local=local.numel(), seconds_select=t.seconds)

@@ -1,0 +1,164 @@
+"""Every compressor against the numpy references of tests/reference.py, at whatever P it runs with.
+
+    mpiexec -n P python tests/mpi/compressor_check.py
+
+For each case, STEPS steps on heavy-tailed random gradients (a component shared by all ranks, so
+selections overlap, plus a per-rank one). Each step every rank gathers all ranks' gradients and
+recomputes, in numpy, every rank's accumulated gradient and the expected result. It checks:
+  - the update equals the reference global sum / P, and is bitwise identical on every rank;
+  - the residual is exactly acc with the reference's applied entries zeroed (so residuals matter
+    from step 2 on);
+  - mass conservation from the compressors' own outputs: P * update + sum of residuals after ==
+    sum of (residual before + gradient), in float64;
+  - bytes sent and received equal the per-algorithm volumes of the reference exactly;
+  - a non-finite gradient raises and leaves the residual untouched.
+Any failure aborts all ranks with a non-zero exit code.
+"""
+import sys
+import traceback
+
+import numpy as np
+import torch
+
+from comm import Communicator
+from compression import build_compressor
+from tests import reference as ref
+
+N = 2999  # not a multiple of P: uneven regions
+STEPS = 20
+CASES = [  # (algorithm, density, options)
+    ("dense", 1.0, {}),
+    ("topka", 0.02, {}),
+    ("topkdsa", 0.02, {}),
+    ("topkdsa", 0.25, {"dense_switch": 0.3}),  # fill-in makes regions switch to dense
+    ("gtopk", 0.02, {}),
+    ("gtopk", 0.3, {}),  # many overlapping indices dropped at merges
+    ("gtopk", 1.0, {}),  # k = n
+    ("gaussiank", 0.02, {}),
+]
+
+
+def gradient(step: int, rank: int) -> np.ndarray:
+    shared = np.random.default_rng(10_000 + step).standard_t(3, N)
+    own = np.random.default_rng(1000 * rank + step).standard_t(2, N)
+    return (0.5 * shared + own).astype(np.float32)
+
+
+def reference_step(name, accs, density, options, P):
+    """(update sum float64, global indices, applied per rank, expected (sent, recv) per rank, expected extra)."""
+    k = max(1, int(round(density * N)))
+    if name == "dense":
+        total = np.sum([a.astype(np.float64) for a in accs], axis=0)
+        volume = ref.ring_allreduce_bytes(N, P)
+        return total, np.arange(N), None, [(volume, volume)] * P, {}
+    if name == "topka":
+        total, indices, applied = ref.topka_reference(accs, k)
+        return total, indices, applied, [ref.topka_bytes(N, k, P)] * P, {}
+    if name == "topkdsa":
+        total, indices, applied = ref.topka_reference(accs, k)
+        volumes, dense = ref.topkdsa_volume(applied, N, options.get("dense_switch", 1 / 3))
+        return total, indices, applied, volumes, {"dense_regions": dense}
+    if name == "gtopk":
+        total, indices, applied = ref.gtopk_reference(accs, k)
+        return total, indices, applied, ref.gtopk_bytes(N, k, P), {}
+    if name == "gaussiank":
+        total, indices, applied = ref.gaussiank_reference(accs, density, **options)
+        counts = [a.size for a in applied]
+        meta = ref.meta_bytes(P)
+        volumes = [(c * ref.PAIR_BYTES * (P - 1) + meta, (sum(counts) - c) * ref.PAIR_BYTES + meta) for c in counts]
+        return total, indices, applied, volumes, {}
+    raise ValueError(name)
+
+
+def check_case(comm, name, density, options):
+    P, rank = comm.size, comm.rank
+    comp = build_compressor(name, comm, N, density, **options)
+    sparse = name != "dense"
+    ref_residuals = [np.zeros(N, np.float32) for _ in range(P)]
+    dense_regions, adjustments = 0, 0
+    for step in range(STEPS):
+        grad = gradient(step, rank)
+        grads = comm.allgather_object(grad)
+        residual_before = comp.residual.numpy().copy() if sparse else np.zeros(N, np.float32)
+        flat = torch.from_numpy(grad.copy())
+        meta_before = comm.counts("meta")
+        stats = comp.step(flat, step)
+        update = flat.numpy().copy()
+        where = f"{name} density={density} P={P} rank={rank} step={step}"
+
+        accs = [ref_residuals[q] + grads[q] for q in range(P)]  # float32, as the compressor adds
+        total, indices, applied, volumes, extra = reference_step(name, accs, density, options, P)
+
+        # The update: reference sum / P, the same bits on every rank.
+        if P == 1:
+            assert np.array_equal(update, total.astype(np.float32)), where
+        np.testing.assert_allclose(update.astype(np.float64) * P, total, rtol=1e-5, atol=1e-5, err_msg=where)
+        assert stats.selected_global == indices.size, (where, stats.selected_global, indices.size)
+        updates = comm.allgather_object(update)
+        assert all(np.array_equal(u, update) for u in updates), f"{where}: ranks disagree on the update"
+
+        # The residual: exactly acc minus the applied entries.
+        if sparse:
+            expected = accs[rank].copy()
+            expected[applied[rank]] = 0.0
+            assert np.array_equal(comp.residual.numpy(), expected), f"{where}: residual differs from the reference"
+            assert stats.selected_local == applied[rank].size or name == "gtopk", where
+            ref_residuals = []
+            for q in range(P):
+                r = accs[q].copy()
+                r[applied[q]] = 0.0
+                ref_residuals.append(r)
+
+        # Conservation, from the compressors' own outputs only.
+        residual_after = comp.residual.numpy().astype(np.float64) if sparse else np.zeros(N)
+        mine = (residual_before.astype(np.float64) + grad, residual_after)
+        everyone = comm.allgather_object(mine)
+        inflow = np.sum([b for b, _ in everyone], axis=0)
+        outflow = P * update.astype(np.float64) + np.sum([a for _, a in everyone], axis=0)
+        np.testing.assert_allclose(outflow, inflow, rtol=1e-5, atol=1e-5, err_msg=f"{where}: mass not conserved")
+
+        # Volumes.
+        assert (stats.bytes_sent, stats.bytes_recv) == volumes[rank], (where, stats.bytes_sent, stats.bytes_recv, volumes[rank])
+        if name in ("dense", "topka", "gtopk"):
+            assert comm.counts("meta").bytes_recv == meta_before.bytes_recv, f"{where}: unexpected size exchange"
+        if "dense_regions" in extra:
+            assert stats.extra["dense_regions"] == extra["dense_regions"], (where, stats.extra, extra)
+            dense_regions += extra["dense_regions"]
+        adjustments += stats.extra.get("threshold_adjustments", 0)
+
+    # The cases are built to exercise these branches.
+    if name == "topkdsa":
+        assert (dense_regions > 0) == (density > 0.1 and P > 1), (name, density, P, dense_regions)
+    if name == "gaussiank":
+        assert adjustments > 0, "heavy tails should have needed threshold corrections"
+
+    # Non-finite input raises and leaves the residual as it was (no communication happens).
+    if sparse:
+        kept = comp.residual.clone()
+        bad = torch.from_numpy(gradient(STEPS, rank))
+        bad[7] = float("nan")
+        try:
+            comp.step(bad, STEPS)
+        except FloatingPointError:
+            pass
+        else:
+            raise AssertionError(f"{name}: a NaN gradient did not raise")
+        assert torch.equal(comp.residual, kept), f"{name}: residual changed by a rejected step"
+
+
+def main():
+    torch.set_num_threads(1)
+    comm = Communicator()
+    try:
+        for name, density, options in CASES:
+            check_case(comm, name, density, options)
+            if comm.rank == 0:
+                print(f"ok {name} density={density} {options} P={comm.size}", flush=True)
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        comm.abort(1)
+
+
+if __name__ == "__main__":
+    main()

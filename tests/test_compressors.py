@@ -1,0 +1,62 @@
+"""Dense, TopkA, TopkDSA, gTopk and Gaussiank against the numpy references in tests/reference.py,
+for P = 1..4: the update, the residual, mass conservation, exact volumes, non-finite input
+(tests/mpi/compressor_check.py). Plus local checks of the helpers that need no MPI."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from compression import COMPRESSORS, build_compressor
+from compression.gtopk import merge_topk, pack_bits, unpack_bits
+from tests import reference as ref
+from tests.mpi_helpers import check_mpi
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_compressors_match_reference(nprocs):
+    out = check_mpi(nprocs, ["tests/mpi/compressor_check.py"], timeout=240)
+    for name in ("dense", "topka", "topkdsa", "gtopk", "gaussiank"):
+        assert f"ok {name} " in out, out
+
+
+def test_registry_names():
+    assert {"dense", "topka", "topkdsa", "gtopk", "gaussiank"} <= set(COMPRESSORS)
+
+
+def test_bad_options_are_refused():
+    from comm import Communicator
+
+    comm = Communicator()
+    with pytest.raises(TypeError):
+        build_compressor("topka", comm, 100, 0.1, no_such_option=1)
+    with pytest.raises(ValueError, match="dense_switch"):
+        build_compressor("topkdsa", comm, 100, 0.1, dense_switch=0.0)
+    with pytest.raises(ValueError, match="tolerance"):
+        build_compressor("gaussiank", comm, 100, 0.1, tolerance=0.5)
+
+
+def test_bit_mask_round_trip():
+    rng = np.random.default_rng(0)
+    for m in (0, 1, 7, 8, 9, 1000):
+        mask = torch.from_numpy(rng.random(m) < 0.3)
+        packed = pack_bits(mask)
+        assert packed.numel() == (m + 7) // 8
+        assert torch.equal(unpack_bits(packed, m), mask)
+        assert np.array_equal(packed.numpy(), np.packbits(mask.numpy(), bitorder="little"))
+
+
+def test_merge_topk_sums_duplicates_and_keeps_largest():
+    a_idx, a_val = torch.tensor([1, 5, 9]), torch.tensor([3.0, -1.0, 0.5])
+    b_idx, b_val = torch.tensor([5, 7, 9]), torch.tensor([-4.0, 2.0, 0.25])
+    idx, val = merge_topk(a_idx, a_val, b_idx, b_val, 3)
+    assert idx.tolist() == [1, 5, 7] and val.tolist() == [3.0, -5.0, 2.0]
+
+
+def test_gaussian_quantile_matches_the_stdlib():
+    from statistics import NormalDist
+
+    for density in (0.5, 0.02, 0.001):
+        z = ref.normal_two_sided_quantile(density)
+        assert math.isclose(z, NormalDist().inv_cdf(1 - density / 2), rel_tol=1e-9)
