@@ -49,6 +49,7 @@ class Trainer:
         self.train_set, self.dev_set, self.test_set = train_set, dev_set, test_set
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.flat_grad = attach_flat_grad(self.params)
+        self.grad_pointers = [p.grad.data_ptr() for p in self.params]
         self.optimizer = build_optimizer(self.params, cfg.optim)
         self.loss_fn = torch.nn.CTCLoss(blank=BLANK, reduction="sum", zero_infinity=True)
         self.sampler = BucketingSampler(train_set.durations, cfg.train.global_batch_size, comm.rank, comm.size,
@@ -81,6 +82,8 @@ class Trainer:
         self.flat_grad.zero_()
         loss = self.forward_loss(batch)
         loss.backward()
+        if [p.grad.data_ptr() for p in self.params] != self.grad_pointers:  # autograd must accumulate in place
+            raise RuntimeError("a parameter's .grad is no longer a view into the flat gradient buffer")
         self._sync_device()
         t_compute = time.perf_counter() - t0
         if not self.finite_on_all_ranks(loss):

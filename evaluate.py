@@ -1,0 +1,108 @@
+"""Score a checkpoint on a manifest, or transcribe audio files (greedy CTC decoding).
+
+    python evaluate.py runs/NAME/checkpoints/best.pt --manifest manifests/an4_test.csv [--worst 10]
+    python evaluate.py runs/NAME/checkpoints/best.pt --audio a.wav b.sph
+    mpiexec -n 4 python evaluate.py CHECKPOINT --manifest M.csv      (the set is sharded over ranks)
+
+Prints WER, CER and the mean per-utterance WER, then the N worst utterances (reference vs hypothesis).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from comm import Communicator
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a checkpoint written by train.py (last.pt or best.pt)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--manifest", help="score every utterance of this manifest")
+    what.add_argument("--audio", nargs="+", help="transcribe these audio files (16 kHz mono WAV or SPHERE)")
+    parser.add_argument("--worst", type=int, default=10, help="how many worst utterances to print (default 10)")
+    parser.add_argument("--batch-size", type=int, default=32, help="global evaluation batch size")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    return parser.parse_args(argv)
+
+
+def load_model(path, device):
+    from models import build_model
+    from training.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    model = build_model(ckpt["config"]["model"]["name"])
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), ckpt
+
+
+def score_manifest(args, comm, model, device) -> dict:
+    from data.dataset import SpeechDataset
+    from training.evaluation import evaluate
+
+    dataset = SpeechDataset(args.manifest)
+    result = evaluate(model, dataset, comm, device, args.batch_size, keep_rows=args.worst > 0)
+    if comm.rank == 0:
+        print(f"{args.manifest}: {result.utterances} utterances")
+        for key in ("wer", "cer", "wer_utt_mean", "loss"):
+            if key in result.summary:
+                print(f"  {key:13s} {result.summary[key]:.4f}")
+        rows = sorted(result.rows, key=lambda r: (-(r[1] / max(r[2], 1)), -r[1], r[0]))[: args.worst]
+        if rows:
+            print(f"worst {len(rows)} utterances (word edits / reference words):")
+        for utt_id, edits, words, ref, hyp in rows:
+            print(f"  {utt_id}  {edits}/{words}\n    ref: {ref}\n    hyp: {hyp}")
+    return result.summary
+
+
+def transcribe(args, comm, model, device) -> list[str]:
+    import torch
+
+    from data.audio import FeatureExtractor, load_audio
+    from data.text import greedy_decode
+
+    features = FeatureExtractor()
+    mine = list(range(comm.rank, len(args.audio), comm.size))  # round-robin shard of the files
+    texts = {}
+    with torch.no_grad():
+        for i in mine:
+            feats = features(load_audio(args.audio[i]))
+            log_probs, lengths = model(feats[None, None].to(device), torch.tensor([feats.shape[1]]))
+            texts[i] = greedy_decode(log_probs, lengths)[0]
+    gathered = comm.gather_object(texts, root=0)
+    if comm.rank != 0:
+        return []
+    merged = {i: t for part in gathered for i, t in part.items()}
+    out = [merged[i] for i in range(len(args.audio))]
+    for path, text in zip(args.audio, out):
+        print(f"{path}: {text}")
+    return out
+
+
+def run(args, comm):
+    from training.runtime import local_rank_and_size, pick_device, set_threads
+
+    local_rank, local_size = local_rank_and_size(comm)
+    device = pick_device(args.device, local_rank)
+    set_threads(0, local_size)
+    model, ckpt = load_model(args.checkpoint, device)
+    if comm.rank == 0:
+        p = ckpt["progress"]
+        print(f"{args.checkpoint}: model {ckpt['config']['model']['name']}, optimizer step {p['step']}, "
+              f"epoch {p['epoch']}")
+    if args.manifest:
+        return score_manifest(args, comm, model, device)
+    return transcribe(args, comm, model, device)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    comm = Communicator()
+    from training.runtime import run_or_abort
+
+    run_or_abort(comm, run, args, comm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

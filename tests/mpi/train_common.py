@@ -1,0 +1,53 @@
+"""Helpers shared by the trainer tests (pytest files and the scripts run under mpiexec): tiny, fast
+training runs of lstman4_tiny on a few real AN4 utterances, driven through train.py's own `run`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE_CONFIG = REPO / "configs" / "smoke.yaml"
+
+
+def tiny_overrides(manifests: Path, out_dir: Path, name: str, **settings) -> list[str]:
+    """Overrides of configs/smoke.yaml for a test run; `settings` use '__' for '.' (train__epochs=3)."""
+    manifests = Path(manifests)
+    values = {
+        "out_dir": out_dir, "name": name, "model.name": "lstman4_tiny",
+        "data.train_manifest": manifests / "an4_train.csv", "data.dev_manifest": manifests / "an4_dev.csv",
+        "data.test_manifest": manifests / "an4_test.csv",
+        "data.max_train_utterances": 16, "data.max_eval_utterances": 8,
+        "train.epochs": 2, "train.global_batch_size": 4, "train.eval_batch_size": 8,
+        "train.log_every_steps": 1, "train.checksum_every": 1,
+        "optim.lr_warmup_steps": 0, "compression.warmup_steps": 0,
+    }
+    values.update({k.replace("__", "."): v for k, v in settings.items()})
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+def run_training(overrides: list[str], comm=None, resume: str = "") -> dict:
+    """train.py's run() in this process (no abort on error: the exception propagates)."""
+    import train
+    from comm import Communicator
+
+    argv = ["--config", str(SMOKE_CONFIG), *overrides] + (["--resume", resume] if resume else [])
+    return train.run(train.parse_args(argv), comm or Communicator())
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """metrics.jsonl, parsed strictly (NaN or Infinity in the file is an error)."""
+    def refuse(constant):
+        raise ValueError(f"non-finite value {constant} in {run_dir}/metrics.jsonl")
+
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line, parse_constant=refuse) for line in lines]
+
+
+def step_losses(run_dir: Path) -> dict[int, float]:
+    """train/loss per optimizer step (with log_every_steps=1); a step logged twice (a run that crashed
+    after its last checkpoint, then resumed) keeps the later value."""
+    return {m["step"]: m["train/loss"] for m in read_metrics(run_dir) if "train/loss" in m}
+
+
+def epoch_losses(run_dir: Path) -> list[float]:
+    return [m["epoch/loss"] for m in read_metrics(run_dir) if m["kind"] == "epoch"]

@@ -1,0 +1,141 @@
+"""Config loading: every key validated, errors name the dotted key and where it came from."""
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from comm import Communicator
+from training.config import (ConfigError, check_same_on_all_ranks, compression_warmup_steps, load_config,
+                             resolve_for_run, to_yaml)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_every_shipped_config_loads():
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        cfg = load_config(path)
+        assert cfg.model.name and cfg.compression.algorithm, path
+
+
+def test_file_values_and_overrides(tmp_path):
+    path = write(tmp_path, "train:\n  epochs: 3\noptim:\n  lr: 1e-4\ncompression:\n  algorithm: dense\n")
+    cfg = load_config(path)
+    assert cfg.train.epochs == 3
+    assert cfg.optim.lr == pytest.approx(1e-4)  # PyYAML reads 1e-4 as a string: accepted for a float
+    cfg = load_config(path, ["train.epochs=5", "optim.nesterov=false", "optim.lr=0.01", "name=my-run",
+                             "compression.algorithm=oktopk", "compression.options.repartition_interval=16",
+                             "distributed.world_size=null", "optim.max_grad_norm=100"])
+    assert cfg.train.epochs == 5 and cfg.optim.nesterov is False and cfg.optim.lr == 0.01
+    assert cfg.name == "my-run" and cfg.distributed.world_size is None
+    assert isinstance(cfg.optim.max_grad_norm, float) and cfg.optim.max_grad_norm == 100.0
+    assert cfg.compression.options == {"repartition_interval": 16}
+    # the resolved YAML reloads to the same config
+    again = write(tmp_path, to_yaml(cfg))
+    assert load_config(again) == cfg
+
+
+@pytest.mark.parametrize("text, overrides, key, origin", [
+    ("train:\n  epoch: 3\n", [], "train.epoch", "cfg.yaml"),
+    ("", ["train.epoch=3"], "train.epoch", "train.epoch=3"),
+    ("trian:\n  epochs: 3\n", [], "trian", "cfg.yaml"),
+    ("train:\n  epochs: three\n", [], "train.epochs", "cfg.yaml"),
+    ("", ["train.epochs=2.5"], "train.epochs", "train.epochs=2.5"),
+    ("", ["optim.nesterov=yes please"], "optim.nesterov", "optim.nesterov"),
+    ("train: 3\n", [], "train", "cfg.yaml"),
+    ("", ["compression.density=1.5"], "compression.density", "compression.density=1.5"),
+    ("compression:\n  density: 0\n", [], "compression.density", "cfg.yaml"),
+    ("", ["optim.lr=-1"], "optim.lr", "optim.lr=-1"),
+    ("", ["optim.lr=fast"], "optim.lr", "optim.lr=fast"),
+    ("", ["distributed.device=tpu"], "distributed.device", "distributed.device=tpu"),
+    ("", ["compression.warmup_steps=soon"], "compression.warmup_steps", "compression.warmup_steps=soon"),
+    ("", ["compression.warmup_steps=-1"], "compression.warmup_steps", "compression.warmup_steps=-1"),
+    ("", ["compression.algorithm=topk9"], "compression.algorithm", "compression.algorithm=topk9"),
+    ("", ["model.name=resnet"], "model.name", "model.name=resnet"),
+    ("", ["train.global_batch_size=0"], "train.global_batch_size", "train.global_batch_size=0"),
+    ("", ["name=a/b"], "name", "name=a/b"),
+])
+def test_bad_key_or_value_names_the_key(tmp_path, text, overrides, key, origin):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, overrides)
+    message = str(err.value)
+    assert key in message and origin in message, message
+
+
+def test_compression_options_checked_against_the_constructor(tmp_path):
+    path = write(tmp_path, "compression:\n  algorithm: oktopk\n  options:\n    local_threshold_interval: 8\n")
+    assert load_config(path).compression.options == {"local_threshold_interval": 8}
+    with pytest.raises(ConfigError, match=r"compression\.options\.local_threshold_intervall"):
+        load_config(path, ["compression.options.local_threshold_intervall=8"])
+    with pytest.raises(ConfigError, match=r"compression\.options\.local_threshold_interval .*must be like"):
+        load_config(path, ["compression.options.local_threshold_interval=often"])
+    with pytest.raises(ConfigError, match=r"compression\.options\.repartition_interval"):  # dense has no options
+        load_config(None, ["compression.algorithm=dense", "compression.options.repartition_interval=4"])
+    with pytest.raises(ConfigError, match=r"command-line override"):
+        load_config(path, ["compression.options.nope=1"])
+
+
+def test_bad_override_syntax_and_bad_files(tmp_path):
+    for text in ["train.epochs", "=3", "train..epochs=3", "train epochs=3"]:
+        with pytest.raises(ConfigError, match="bad override"):
+            load_config(None, [text])
+    with pytest.raises(ConfigError, match="train.epochs=3.*not a section"):
+        load_config(None, ["train=1", "train.epochs=3"])
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(write(tmp_path, "train: [1, 2\n"))
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_resolve_records_world_size_and_names_the_run():
+    comm = Communicator()
+    cfg = resolve_for_run(load_config(None, ["compression.algorithm=topka", "compression.density=0.02"]), comm)
+    assert cfg.distributed.world_size == comm.size == 1
+    assert re.fullmatch(r"lstman4_small-topka-d0\.02-p1-\d{8}-\d{6}", cfg.name), cfg.name
+    dense = resolve_for_run(load_config(None), comm)
+    assert re.fullmatch(r"lstman4_small-dense-d1-p1-\d{8}-\d{6}", dense.name), dense.name
+    assert resolve_for_run(load_config(None, ["name=fixed"]), comm).name == "fixed"
+    saved = yaml.safe_load(to_yaml(cfg))
+    assert saved["model"]["name"] == "lstman4_small" and saved["compression"]["algorithm"] == "topka"
+    assert saved["compression"]["density"] == 0.02 and saved["distributed"]["world_size"] == 1
+    with pytest.raises(ConfigError, match="distributed.world_size is 4 but the job runs 1"):
+        resolve_for_run(load_config(None, ["distributed.world_size=4"]), comm)
+
+
+class FakeComm:
+    """Two 'ranks' seen from rank 0: allgather_object returns rank 0's object and another rank's."""
+
+    rank, size = 0, 2
+
+    def __init__(self, other):
+        self.other = other
+        self.calls = 0
+
+    def allgather_object(self, obj):
+        from training.config import config_digest, to_dict, _flatten
+
+        theirs = [config_digest(self.other), _flatten(to_dict(self.other))][self.calls]
+        self.calls += 1
+        return [obj, theirs]
+
+
+def test_config_differing_between_ranks_is_refused():
+    mine, theirs = load_config(None), load_config(None, ["optim.lr=0.1"])
+    check_same_on_all_ranks(mine, FakeComm(load_config(None)))
+    with pytest.raises(ConfigError, match=r"differs between ranks.*\n  optim\.lr: rank 0 has 0\.0003, rank 1 has 0\.1"):
+        check_same_on_all_ranks(mine, FakeComm(theirs))
+
+
+def test_auto_warmup_is_a_fraction_of_the_run():
+    assert compression_warmup_steps(load_config(None), 1000) == 50
+    assert compression_warmup_steps(load_config(None), 19) == 0
+    assert compression_warmup_steps(load_config(None, ["compression.warmup_steps=7"]), 1000) == 7

@@ -1,0 +1,153 @@
+"""Single-process training on real AN4 utterances with the tiny model: end-to-end smoke, logging,
+the flat gradient buffer, non-finite steps, evaluate.py."""
+import copy
+import math
+
+import pytest
+import torch
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import evaluate
+from data.dataset import BucketingSampler, SpeechDataset, collate
+from models import build_model
+from tests.mpi.train_common import epoch_losses, read_metrics, run_training, step_losses, tiny_overrides
+from training.trainer import Trainer, attach_flat_grad
+
+TRAIN_TAGS = ["train/loss", "train/lr", "train/grad_norm", "train/samples_per_sec"]
+COMM_TAGS = ["comm/density", "comm/bytes_sent", "comm/bytes_recv", "comm/bytes_recv_max", "comm/cum_bytes_recv",
+             "comm/compression_ratio", "comm/dense"]
+TIME_TAGS = ["time/compute", "time/selection", "time/communication", "time/step"]
+EVAL_TAGS = ["val/wer", "val/cer", "val/wer_utt_mean", "val/loss", "test/wer", "test/cer", "test/wer_utt_mean"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_on(manifest, tmp_path, name, **settings):
+    """Train, dev and test all on the 8-utterance tiny manifest."""
+    return tiny_overrides(manifest.parent, tmp_path, name, data__train_manifest=manifest,
+                          data__dev_manifest=manifest, data__test_manifest=manifest, data__max_train_utterances=0,
+                          data__max_eval_utterances=0, **settings)
+
+
+def test_smoke_end_to_end(tiny_manifest, tmp_path):
+    results = run_training(tiny_on(tiny_manifest, tmp_path, "smoke", train__epochs=6, optim__lr=1e-3))
+    run_dir = tmp_path / "smoke"
+
+    losses = epoch_losses(run_dir)
+    assert len(losses) == 6 and losses[-1] < 0.7 * losses[0], losses  # it learns
+    assert set(results) == {"dev", "test"} and 0 <= results["test"]["wer"] and "cer" in results["dev"]
+
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["model"]["name"] == "lstman4_tiny" and saved["compression"]["algorithm"] == "dense"
+    assert saved["distributed"]["world_size"] == 1 and "density" in saved["compression"]
+
+    metrics = read_metrics(run_dir)  # strict parse: NaN/Infinity would raise
+    assert {m["kind"] for m in metrics} == {"train", "epoch", "val", "test"}
+    for m in metrics:
+        assert {"step", "epoch", "time"} <= set(m)
+        assert all(math.isfinite(v) for v in m.values() if isinstance(v, float))
+    assert sorted(step_losses(run_dir)) == list(range(1, 13))  # 8 utterances / batch 4 = 2 steps x 6 epochs
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    missing = set(TRAIN_TAGS + COMM_TAGS + TIME_TAGS + EVAL_TAGS) - tags
+    assert not missing, missing
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 13))
+    assert [e.step for e in events.Scalars("val/wer")] == [2, 4, 6, 8, 10, 12]  # after each epoch
+    for tag in tags:
+        assert all(math.isfinite(e.value) for e in events.Scalars(tag)), tag
+    assert all(e.value == 1.0 for e in events.Scalars("comm/dense"))
+    assert all(e.value == 1.0 for e in events.Scalars("comm/density"))
+    assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / "checkpoints" / "best.pt").is_file()
+
+
+def test_evaluate_cli(tiny_manifest, tmp_path, capsys):
+    run_training(tiny_on(tiny_manifest, tmp_path, "ev", train__epochs=1))
+    checkpoint = tmp_path / "ev" / "checkpoints" / "last.pt"
+    capsys.readouterr()
+    evaluate.main([str(checkpoint), "--manifest", str(tiny_manifest), "--worst", "3"])
+    out = capsys.readouterr().out
+    for word in ("8 utterances", "wer", "cer", "wer_utt_mean", "worst 3 utterances", "ref:", "hyp:"):
+        assert word in out, out
+    dataset = SpeechDataset(tiny_manifest)
+    evaluate.main([str(checkpoint), "--audio", dataset.audio[0], dataset.audio[1]])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith(dataset.audio[0] + ": ") and out[-1].startswith(dataset.audio[1] + ": ")
+
+
+def test_flat_gradient_buffer_matches_ordinary_backward(tiny_manifest):
+    """After backward, the flat buffer holds exactly what autograd gives a normal copy of the model,
+    and every .grad is still a view into it (no copy is needed to hand it to the compressor)."""
+    torch.manual_seed(0)
+    model = build_model("lstman4_tiny")
+    reference = copy.deepcopy(model)
+    dataset = SpeechDataset(tiny_manifest)
+    batch = collate([dataset[i] for i in range(4)])
+    loss_fn = torch.nn.CTCLoss(blank=0, reduction="sum", zero_infinity=True)
+
+    def loss_of(m):
+        log_probs, lengths = m(batch.features, batch.feature_lengths)
+        return loss_fn(log_probs, batch.targets, lengths, batch.target_lengths) / 4
+
+    params = list(model.parameters())
+    flat = attach_flat_grad(params)
+    for _ in range(2):  # zeroing the buffer (not set_to_none) keeps the views across steps
+        flat.zero_()
+        loss_of(model).backward()
+    loss_of(reference).backward()
+    expected = torch.cat([p.grad.flatten() for p in reference.parameters()])
+    torch.testing.assert_close(flat, expected, rtol=1e-5, atol=1e-6)
+    assert flat.abs().sum() > 0
+    offset = 0
+    for p in params:
+        assert p.grad.data_ptr() == flat[offset:].data_ptr()
+        offset += p.numel()
+
+
+def inject_nan(monkeypatch, at_step, once):
+    """Make the loss NaN (so backward gives NaN gradients too) when the optimizer step is `at_step`:
+    once, or every time (the step is then never taken)."""
+    original = Trainer.forward_loss
+    seen = []
+
+    def forward_loss(self, batch):
+        loss = original(self, batch)
+        if self.step == at_step and not (once and seen):
+            seen.append((self.epoch, self.batch_in_epoch))
+            return loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(Trainer, "forward_loss", forward_loss)
+    return seen
+
+
+def test_nan_loss_is_skipped_and_counted(tiny_manifest, tmp_path, monkeypatch, capsys):
+    seen = inject_nan(monkeypatch, at_step=2, once=True)  # the third batch: epoch 1, batch 0
+    run_training(tiny_on(tiny_manifest, tmp_path, "nan", train__epochs=2))
+    assert seen == [(1, 0)]
+    metrics = read_metrics(tmp_path / "nan")
+    skipped = [m for m in metrics if "train/skipped_steps" in m]
+    assert [(m["step"], m["train/skipped_steps"]) for m in skipped] == [(2, 1)]
+    assert sorted(step_losses(tmp_path / "nan")) == [1, 2, 3]  # 4 batches, 3 optimizer steps
+    assert "non-finite loss or gradient, step skipped" in capsys.readouterr().err
+
+
+def test_nonfinite_steps_in_a_row_stop_the_run(tiny_manifest, tmp_path, monkeypatch):
+    inject_nan(monkeypatch, at_step=1, once=False)  # every batch from the second on: step 1 is never taken
+    with pytest.raises(FloatingPointError, match=r"3 steps in a row had a non-finite loss or gradient"):
+        run_training(tiny_on(tiny_manifest, tmp_path, "nan3", train__epochs=3, train__max_nonfinite_in_row=3))
+
+
+def test_sampler_gives_every_rank_the_same_number_of_steps(tiny_manifest):
+    """The trainer relies on it: every rank must run the same number of collectives."""
+    dataset = SpeechDataset(tiny_manifest)
+    counts = {len(BucketingSampler(dataset.durations, 4, r, 2, seed=1)) for r in range(2)}
+    assert counts == {2}
