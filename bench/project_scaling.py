@@ -1,0 +1,367 @@
+"""Project each algorithm's communication and step time to P = 4 ... 256 GPUs with an alpha-beta model.
+
+    .venv/bin/python bench/project_scaling.py [--measured comm_volume.json] [--density 0.02] [--out DIR]
+
+Per algorithm and rank count P, one rank's communication time per optimizer step is
+    t_comm(P) = alpha * messages(P) + beta * bytes_received(P)
+and the step time is t_compute(P) + t_selection + t_comm(P) (the trainer exchanges gradients after the
+backward pass, without overlap). Speedup = dense step time / algorithm step time at the same P.
+
+Volumes and message counts (per rank per step, application level as comm/communicator.py counts them):
+closed forms of DESIGN 4 and Li & Hoefler (PPoPP'22, Table 1), n = numel, k = density * n, a word = 4 bytes,
+an (index, value) pair = 2 words:
+    dense      ring allreduce         2n(P-1)/P words            2(P-1) messages
+    topka      allgather of k pairs   2k(P-1) words              P-1
+    gaussiank  allgatherv, ~k pairs   2k(P-1) words              2(P-1)  (+ the count exchange)
+    gtopk      tree merge + bcast     4k ceil(log2 P) words      2 ceil(log2 P)
+    topkdsa    sparse reduce-scatter 2k(P-1)/P words, then allgather of the union U of the P selections
+               (U = n(1 - (1-density)^P): independent selections, the fill-in worst case), dense
+               (n(P-1)/P words) once U > n/3                                                 2(P-1)
+    oktopk     split-reduce 2k(P-1)/P + balanced allgatherv 2k(P-1)/P = 4k(P-1)/P words (the paper's
+               bounds: 2k(P-1)/P .. 6k(P-1)/P)                      2(P-1) + 2 ceil(log2 P)
+Measured points (--measured, from bench/comm_volume.py --json) replace the closed form at their P; in
+between and beyond, the closed form is scaled by the measured/closed-form ratio, interpolated in log2 P
+between measured points and held at the nearest one outside them. Without --measured: closed forms only.
+
+Assumptions (flags; defaults stated in the output):
+  alpha 2 us per message: Slingshot 11 MPI latency, order of magnitude.
+  beta = 1 / 12.5 GB/s per rank: a Polaris node has 2 Slingshot NICs of 25 GB/s per direction, shared by
+        its 4 ranks. Intra-node (NVLink) traffic is not modelled separately; neither is staging GPU buffers
+        through host memory when MPI is not CUDA-aware.
+  compute 20 ms + 1.5 ms per utterance per rank on an A100 (lstman4 fwd+bwd): NOT MEASURED. Back-of-envelope:
+        lstman4 costs ~38M MACs per output frame (convs 10.9M + LSTMs 27.2M), AN4 train utterances average
+        2.71 s = ~136 output frames, so fwd+bwd ~31 GFLOP per utterance; at ~20 TFLOP/s effective (TF32,
+        small-batch cuDNN LSTM) that is ~1.5 ms per utterance, plus ~20 ms of step latency (136 steps x 5 LSTM
+        layers of sequential kernels, forward and backward). Replace both with a GPU measurement
+        (--compute-fixed-ms, --compute-per-utt-ms) when one is available.
+  per-rank batch = global batch / P (at least 1: beyond P = global batch, each rank keeps 1 utterance).
+  selection time (top-k / threshold on the GPU) is excluded unless given with --selection-ms ALGO=MS.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk"]
+LSTMAN4_NUMEL = 27_569_568  # DESIGN 5
+WORD = 4  # bytes: a float32 value or an int32 index
+DEFAULT_RANKS = [4, 8, 16, 32, 64, 128, 256]
+
+
+def log2_ceil(P: int) -> int:
+    return max(0, math.ceil(math.log2(P)))
+
+
+def closed_form(algorithm: str, P: int, numel: int, density: float) -> tuple[float, float]:
+    """(bytes received, messages) by one rank in one step: see the module docstring."""
+    n, k = float(numel), density * numel
+    if P <= 1:
+        return 0.0, 0.0
+    if algorithm == "dense":
+        words, messages = 2 * n * (P - 1) / P, 2 * (P - 1)
+    elif algorithm == "topka":
+        words, messages = 2 * k * (P - 1), P - 1
+    elif algorithm == "gaussiank":
+        words, messages = 2 * k * (P - 1), 2 * (P - 1)
+    elif algorithm == "gtopk":
+        words, messages = 4 * k * log2_ceil(P), 2 * log2_ceil(P)
+    elif algorithm == "topkdsa":
+        union = n * (1 - (1 - density) ** P)
+        gathered = 2 * union if union <= n / 3 else n
+        words, messages = (2 * k + gathered) * (P - 1) / P, 2 * (P - 1)
+    elif algorithm == "oktopk":
+        words, messages = 4 * k * (P - 1) / P, 2 * (P - 1) + 2 * log2_ceil(P)
+    else:
+        raise ValueError(f"unknown algorithm {algorithm!r}; known: {ALGORITHMS}")
+    return words * WORD, float(messages)
+
+
+# ---------------------------------------------------------------------------------------- measured input
+@dataclass
+class Measured:
+    algorithm: str
+    P: int
+    numel: int
+    density: float
+    bytes_recv: float  # per rank per step (the slowest rank's when the input has it)
+    messages: float  # per rank per step
+
+
+def _field(record: dict, names: tuple[str, ...], where: str, required: bool = True):
+    for name in names:
+        if record.get(name) is not None:
+            return record[name]
+    if required:
+        raise SystemExit(f"project_scaling: {where}: missing field (one of {', '.join(names)})")
+    return None
+
+
+def load_measured(path: str | Path) -> list[Measured]:
+    """Records of bench/comm_volume.py --json: a list, or an object with a list under "records" or
+    "results". Each record: algorithm, P (or world_size), numel, density, bytes received per rank per
+    step (bytes_recv_max preferred: the slowest rank sets the step time; else bytes_recv_mean), and
+    messages per step (messages / msgs_recv_mean / msgs_recv)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"project_scaling: cannot read {path}: {e}") from None
+    if isinstance(data, dict):
+        data = data.get("records", data.get("results"))
+    if not isinstance(data, list):
+        raise SystemExit(f"project_scaling: {path}: expected a list of records (or {{'records': [...]}})")
+    out = []
+    for i, rec in enumerate(data):
+        where = f"{path} record {i}"
+        if not isinstance(rec, dict):
+            raise SystemExit(f"project_scaling: {where}: not an object")
+        algorithm = str(_field(rec, ("algorithm",), where))
+        if algorithm not in ALGORITHMS:
+            raise SystemExit(f"project_scaling: {where}: unknown algorithm {algorithm!r}; known: {ALGORITHMS}")
+        out.append(Measured(
+            algorithm=algorithm,
+            P=int(_field(rec, ("P", "world_size", "ranks"), where)),
+            numel=int(_field(rec, ("numel", "n"), where)),
+            density=1.0 if algorithm == "dense" else float(_field(rec, ("density",), where)),
+            bytes_recv=float(_field(rec, ("bytes_recv_max", "bytes_recv_mean", "bytes_recv"), where)),
+            messages=float(_field(rec, ("messages", "msgs_recv_mean", "msgs_recv", "messages_per_step"), where)),
+        ))
+    return out
+
+
+def pick_points(measured: list[Measured], algorithm: str, density: float) -> dict[int, Measured]:
+    """One measured point per P for `algorithm`: the one whose density is closest to the target."""
+    points: dict[int, Measured] = {}
+    for m in measured:
+        if m.algorithm != algorithm or m.P <= 1:  # P = 1 communicates nothing: no ratio to calibrate
+            continue
+        if m.P not in points or abs(m.density - density) < abs(points[m.P].density - density):
+            points[m.P] = m
+    return points
+
+
+def calibration_ratio(points: dict[int, Measured], P: int) -> tuple[float, float]:
+    """measured / closed form for bytes and messages at P: exact at measured P, interpolated in log2 P
+    between them, the nearest measured one's outside."""
+    Ps = sorted(points)
+    ratios = []
+    for p in Ps:
+        m = points[p]
+        cf_bytes, cf_msgs = closed_form(m.algorithm, p, m.numel, m.density)
+        ratios.append((m.bytes_recv / cf_bytes if cf_bytes else 1.0, m.messages / cf_msgs if cf_msgs else 1.0))
+    x = np.log2(Ps)
+    at = math.log2(P)
+    return (float(np.interp(at, x, [r[0] for r in ratios])), float(np.interp(at, x, [r[1] for r in ratios])))
+
+
+# ---------------------------------------------------------------------------------------- model
+@dataclass
+class Model:
+    alpha_s: float  # seconds per message
+    beta_s_per_byte: float
+    compute_fixed_ms: float
+    compute_per_utt_ms: float
+    global_batch: int
+    selection_ms: dict[str, float]
+
+    def compute_ms(self, P: int) -> float:
+        return self.compute_fixed_ms + self.compute_per_utt_ms * max(self.global_batch / P, 1.0)
+
+
+def project(algorithms: list[str], ranks: list[int], numel: int, density: float, measured: list[Measured],
+            model: Model) -> pd.DataFrame:
+    rows = []
+    for algorithm in algorithms:
+        d = 1.0 if algorithm == "dense" else density
+        points = pick_points(measured, algorithm, d)
+        for P in ranks:
+            nbytes, messages = closed_form(algorithm, P, numel, d)
+            if P in points and points[P].numel == numel and points[P].density == d:
+                nbytes, messages, source = points[P].bytes_recv, points[P].messages, "measured"
+            elif points:
+                rb, rm = calibration_ratio(points, P)
+                nbytes, messages, source = nbytes * rb, messages * rm, "calibrated"
+            else:
+                source = "closed form"
+            comm_ms = 1e3 * (model.alpha_s * messages + model.beta_s_per_byte * nbytes)
+            compute_ms = model.compute_ms(P)
+            selection_ms = model.selection_ms.get(algorithm, 0.0)
+            rows.append({"algorithm": algorithm, "P": P, "numel": numel, "density": d, "source": source,
+                         "MB_recv": nbytes / 1e6,
+                         "messages": messages, "comm_ms": comm_ms, "compute_ms": compute_ms,
+                         "selection_ms": selection_ms, "step_ms": compute_ms + selection_ms + comm_ms})
+    df = pd.DataFrame(rows)
+    if "dense" in algorithms:
+        dense_step = df[df.algorithm == "dense"].set_index("P")["step_ms"]
+        df["speedup_vs_dense"] = dense_step.loc[df.P].to_numpy() / df.step_ms.to_numpy()
+    return df
+
+
+# ---------------------------------------------------------------------------------------- output
+def pivot_markdown(df: pd.DataFrame, column: str, fmt: str) -> str:
+    """P x algorithm table of one column; measured cells marked with *."""
+    algorithms = list(dict.fromkeys(df.algorithm))
+    lines = ["| P | " + " | ".join(algorithms) + " |", "|---|" + "---|" * len(algorithms)]
+    for P in sorted(set(df.P)):
+        cells = []
+        for a in algorithms:
+            row = df[(df.algorithm == a) & (df.P == P)].iloc[0]
+            cells.append(format(row[column], fmt) + ("*" if row.source == "measured" else ""))
+        lines.append(f"| {P} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def trend_text(df: pd.DataFrame) -> str:
+    """What the projection says about the ordering as P grows, next to the paper's reported trend."""
+    lines = []
+    by_P = {P: g.set_index("algorithm") for P, g in df.groupby("P")}
+    Ps = sorted(by_P)
+    fastest = {P: g["comm_ms"].idxmin() for P, g in by_P.items()}
+    lines.append("Lowest communication time per P: " + ", ".join(f"P={P}: {fastest[P]}" for P in Ps) + ".")
+    if "oktopk" in df.algorithm.values:
+        ahead = [P for P in Ps if fastest[P] == "oktopk"]
+        if ahead and all(fastest[P] == "oktopk" for P in Ps if P >= ahead[0]):
+            lines.append(f"Ok-Topk has the lowest communication time from P={ahead[0]} on, "
+                         f"as the paper reports (Ok-Topk ahead of the baselines as P grows).")
+        else:
+            lines.append("Ok-Topk is NOT the fastest at every large P here, unlike the paper's trend; "
+                         "check the measured volumes and the assumptions.")
+        others = [a for a in by_P[Ps[0]].index if a not in ("oktopk", "dense")]
+        if others:
+            lead = {P: min(by_P[P].loc[a, "comm_ms"] for a in others) / by_P[P].loc["oktopk", "comm_ms"] for P in Ps}
+            lines.append(f"Its communication time is {lead[Ps[0]]:.1f}x below the next-best sparse scheme at "
+                         f"P={Ps[0]} and {lead[Ps[-1]]:.1f}x below at P={Ps[-1]}.")
+    if "oktopk" in df.algorithm.values and "density" in df:
+        ok = df[(df.algorithm == "oktopk") & (df.P > 1)]
+        unit = WORD * ok.density * ok.numel * (ok.P - 1) / ok.P  # bytes of k(P-1)/P words
+        ratio = ok.MB_recv * 1e6 / unit
+        lines.append(f"Ok-Topk receives {ratio.min():.2f} to {ratio.max():.2f} x k(P-1)/P words per rank "
+                     f"(paper: between 2 and 6).")
+    if "dense" in df.algorithm.values:
+        for a in ("topka", "gaussiank"):
+            if a in df.algorithm.values:
+                worse = [P for P in Ps if by_P[P].loc[a, "comm_ms"] > by_P[P].loc["dense", "comm_ms"]]
+                if worse:
+                    lines.append(f"{a} communicates more than dense allreduce from P={worse[0]} on "
+                                 f"(its 2k(P-1) words pass 2n(P-1)/P once P > 1/density).")
+        largest = by_P[Ps[-1]]
+        if "speedup_vs_dense" in largest:
+            best = largest["speedup_vs_dense"].idxmax()
+            lines.append(f"At P={Ps[-1]} the best step-time speedup over dense is {best} "
+                         f"({largest.loc[best, 'speedup_vs_dense']:.2f}x); compute per step is "
+                         f"{largest.loc[best, 'compute_ms']:.1f} ms of {largest.loc[best, 'step_ms']:.1f} ms.")
+    return "\n".join(lines)
+
+
+def plot(df: pd.DataFrame, path: Path, title: str) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    styles = {"gaussiank": "--", "topkdsa": "-."}  # gaussiank's closed form equals topka's: keep both visible
+    for a, g in df.groupby("algorithm", sort=False):
+        g = g.sort_values("P")
+        style = styles.get(a, "-")
+        line, = axes[0].plot(g.P, g.comm_ms, "o" + style, label=a, markersize=4)
+        measured = g[g.source == "measured"]
+        if len(measured):
+            axes[0].plot(measured.P, measured.comm_ms, "s", color=line.get_color(), markersize=9,
+                         markerfacecolor="none")
+        if "speedup_vs_dense" in g:
+            axes[1].plot(g.P, g.speedup_vs_dense, "o" + style, label=a, markersize=4, color=line.get_color())
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("communication per rank per step (ms)")
+    has_measured = (df.source == "measured").any()
+    axes[0].set_title("alpha-beta model" + (" (squares: measured volumes)" if has_measured else ", closed forms only"))
+    axes[1].axhline(1.0, color="gray", linewidth=0.8)
+    axes[1].set_ylabel("step-time speedup over dense")
+    axes[1].set_title(title)
+    ticks = sorted(set(df.P))
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(P) for P in ticks])
+        ax.set_xlabel("ranks (GPUs) P")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_selection(items: list[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in ALGORITHMS:
+            raise SystemExit(f"project_scaling: --selection-ms {item!r}: expected ALGO=MS with ALGO in {ALGORITHMS}")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise SystemExit(f"project_scaling: --selection-ms {item!r}: {value!r} is not a number") from None
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--measured", help="JSON from bench/comm_volume.py --json (optional)")
+    parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
+    parser.add_argument("--ranks", nargs="+", type=int, default=DEFAULT_RANKS,
+                        help="P values to project (measured P values are added)")
+    parser.add_argument("--numel", type=int, default=LSTMAN4_NUMEL, help="gradient entries (default: lstman4)")
+    parser.add_argument("--density", type=float, default=0.02)
+    parser.add_argument("--alpha-us", type=float, default=2.0, help="seconds per message, in microseconds")
+    parser.add_argument("--bandwidth-gbs", type=float, default=12.5, help="per-rank bandwidth, GB/s (beta = 1/this)")
+    parser.add_argument("--global-batch", type=int, default=64)
+    parser.add_argument("--compute-fixed-ms", type=float, default=20.0, help="assumed, not measured: see --help")
+    parser.add_argument("--compute-per-utt-ms", type=float, default=1.5, help="assumed, not measured: see --help")
+    parser.add_argument("--selection-ms", nargs="*", default=[], metavar="ALGO=MS")
+    parser.add_argument("--out", default="bench/results/scaling", help="directory for scaling.{md,csv,png}")
+    args = parser.parse_args(argv)
+    if not 0 < args.density <= 1:
+        raise SystemExit(f"project_scaling: --density must be in (0, 1], got {args.density}")
+    if min(args.ranks) < 1 or args.numel < 1 or args.global_batch < 1 or args.bandwidth_gbs <= 0 or args.alpha_us < 0:
+        raise SystemExit("project_scaling: --ranks, --numel, --global-batch and --bandwidth-gbs must be positive")
+
+    measured = load_measured(args.measured) if args.measured else []
+    ranks = sorted(set(args.ranks) | {m.P for m in measured if m.P > 1 and m.algorithm in args.algorithms})
+    model = Model(args.alpha_us * 1e-6, 1.0 / (args.bandwidth_gbs * 1e9), args.compute_fixed_ms,
+                  args.compute_per_utt_ms, args.global_batch, parse_selection(args.selection_ms))
+    df = project(args.algorithms, ranks, args.numel, args.density, measured, model)
+
+    source = (f"measured volumes from {args.measured} ({len(measured)} records) where available, "
+              f"calibrated closed forms elsewhere" if measured else
+              "closed forms only (no --measured input: nothing here was measured)")
+    header = (f"# Projected step time: n = {args.numel:,} gradient entries, density {args.density}, global batch "
+              f"{args.global_batch}\n\nSource: {source}.\nAssumptions: alpha {args.alpha_us} us/message, "
+              f"beta 1/({args.bandwidth_gbs} GB/s) per rank, compute {args.compute_fixed_ms} ms + "
+              f"{args.compute_per_utt_ms} ms x utterances per rank (ASSUMED A100 figure, not measured), "
+              f"selection {'excluded' if not model.selection_ms else model.selection_ms}.\n"
+              f"Per-rank batch = {args.global_batch}/P, at least 1 (weak scaling beyond P = {args.global_batch}). "
+              f"* = measured point.\n")
+    sections = [header, "## Communication per step (ms)\n", pivot_markdown(df, "comm_ms", ".2f"),
+                "## Step time (ms)\n", pivot_markdown(df, "step_ms", ".1f")]
+    if "speedup_vs_dense" in df:
+        sections += ["## Speedup over dense (step time)\n", pivot_markdown(df, "speedup_vs_dense", ".2f")]
+    sections += ["## Received per rank per step (MB)\n", pivot_markdown(df, "MB_recv", ".2f"),
+                 "## Trend\n", trend_text(df) + "\n"]
+    text = "\n".join(sections)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scaling.md").write_text(text)
+    df.to_csv(out / "scaling.csv", index=False)
+    plot(df, out / "scaling.png", f"density {args.density}, global batch {args.global_batch}")
+    print(text)
+    print(f"wrote {out / 'scaling.md'}, {out / 'scaling.csv'}, {out / 'scaling.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Compare training runs: TensorBoard event files + config.yaml -> PNG curves and a results table.
+
+    .venv/bin/python scripts/compare_runs.py runs/A runs/B [...] --out results/compare
+
+Writes, under --out:
+  curves_vs_step.png, curves_vs_wall_time.png, curves_vs_bytes.png
+      dev WER (val/wer) and train loss (train/loss) against the optimizer step, against wall time
+      (event wall_time minus the run's first event) and against the cumulative bytes each rank received
+      (comm/cum_bytes_recv at the nearest logged step);
+  results.csv, results.md
+      one row per run: algorithm, density, P, steps, final/best dev WER, final dev CER, test WER,
+      total bytes received, mean compute / selection / communication / step time.
+A tag a run never logged leaves its cells empty (and its curve out of the plot), never NaN errors.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
+from tensorboard.util import tensor_util  # noqa: E402
+
+EVENT_GLOB = "events.out.tfevents.*"
+
+
+@dataclass
+class Curve:
+    """One scalar tag of one run, sorted by step (one point per step)."""
+
+    steps: np.ndarray
+    wall_times: np.ndarray
+    values: np.ndarray
+
+    def last(self) -> float:
+        return float(self.values[-1])
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    config: dict
+    curves: dict[str, Curve]
+
+    def config_value(self, dotted: str):
+        node = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+
+# ---------------------------------------------------------------------------------------- reading
+def read_event_dir(directory: Path) -> dict[str, list[tuple[float, int, float]]]:
+    """(wall_time, step, value) points per tag, with TensorBoard's own reader. Scalars written the
+    classic way (simple_value) and as scalar tensors (new-style summaries) are both read."""
+    acc = event_accumulator.EventAccumulator(
+        str(directory), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0})
+    acc.Reload()
+    tags = acc.Tags()
+    points = {tag: [(e.wall_time, e.step, e.value) for e in acc.Scalars(tag)] for tag in tags["scalars"]}
+    for tag in tags["tensors"]:
+        events = acc.Tensors(tag)
+        arrays = [tensor_util.make_ndarray(e.tensor_proto) for e in events]
+        if tag not in points and arrays and all(a.size == 1 for a in arrays):
+            points[tag] = [(e.wall_time, e.step, float(a.reshape(()))) for e, a in zip(events, arrays)]
+    return points
+
+
+def load_run(run_dir: str | Path) -> Run:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise SystemExit(f"compare_runs: {run_dir} is not a directory")
+    event_dirs = sorted({p.parent for p in run_dir.rglob(EVENT_GLOB)})
+    if not event_dirs:
+        raise SystemExit(f"compare_runs: no TensorBoard event files ({EVENT_GLOB}) under {run_dir}")
+    merged: dict[str, list[tuple[float, int, float]]] = {}
+    for directory in event_dirs:
+        for tag, points in read_event_dir(directory).items():
+            merged.setdefault(tag, []).extend(points)
+    if not merged:
+        raise SystemExit(f"compare_runs: the event files under {run_dir} hold no scalars")
+    curves = {}
+    for tag, points in merged.items():
+        by_step = {}
+        for wall_time, step, value in sorted(points):  # in time order: a re-logged step keeps its latest value
+            by_step[step] = (wall_time, value)
+        steps = np.array(sorted(by_step), dtype=np.int64)
+        curves[tag] = Curve(steps, np.array([by_step[s][0] for s in steps]), np.array([by_step[s][1] for s in steps]))
+
+    config = {}
+    config_path = run_dir / "config.yaml"
+    if config_path.is_file():
+        with open(config_path) as f:
+            config = yaml.safe_load(f) or {}
+        if not isinstance(config, dict):
+            raise SystemExit(f"compare_runs: {config_path} is not a mapping")
+    else:
+        print(f"compare_runs: warning: {config_path} missing; algorithm, density and P left empty", file=sys.stderr)
+    return Run(run_dir.name, run_dir, config, curves)
+
+
+# ---------------------------------------------------------------------------------------- table
+def summarize(run: Run) -> dict:
+    c = run.curves
+
+    def last(tag):
+        return c[tag].last() if tag in c else None
+
+    def mean_ms(tag):
+        return float(np.mean(c[tag].values)) * 1000.0 if tag in c else None
+
+    algorithm = run.config_value("compression.algorithm")
+    density = run.config_value("compression.density")
+    if algorithm == "dense":
+        density = 1.0  # dense allreduce ignores the configured density: it sends everything
+    if "train/loss" in c:
+        steps = int(c["train/loss"].steps[-1])
+    else:
+        steps = int(max(curve.steps[-1] for curve in c.values()))
+    return {
+        "run": run.name,
+        "model": run.config_value("model.name"),
+        "algorithm": algorithm,
+        "density": density,
+        "P": run.config_value("distributed.world_size"),
+        "steps": steps,
+        "final_dev_wer": last("val/wer"),
+        "best_dev_wer": float(np.min(c["val/wer"].values)) if "val/wer" in c else None,
+        "final_dev_cer": last("val/cer"),
+        "test_wer": last("test/wer"),
+        "bytes_recv_total": last("comm/cum_bytes_recv"),
+        "compute_ms": mean_ms("time/compute"),
+        "selection_ms": mean_ms("time/selection"),
+        "communication_ms": mean_ms("time/communication"),
+        "step_ms": mean_ms("time/step"),
+    }
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A GitHub Markdown table (empty cells for missing values)."""
+
+    def cell(value) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return ""
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value)
+
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join(cell(v) for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------- plots
+def nearest_values(curve: Curve, steps: np.ndarray) -> np.ndarray:
+    """curve's value at the logged step nearest to each of `steps` (ties go to the earlier step)."""
+    right = np.clip(np.searchsorted(curve.steps, steps), 0, len(curve.steps) - 1)
+    left = np.clip(right - 1, 0, len(curve.steps) - 1)
+    take_left = np.abs(steps - curve.steps[left]) <= np.abs(curve.steps[right] - steps)
+    return np.where(take_left, curve.values[left], curve.values[right])
+
+
+def x_values(run: Run, curve: Curve, axis: str) -> np.ndarray | None:
+    """The x coordinates of `curve` on one axis (steps, seconds since the run's first event, or bytes)."""
+    if axis == "step":
+        return curve.steps
+    if axis == "wall_time":
+        start = min(float(c.wall_times[0]) for c in run.curves.values())
+        return curve.wall_times - start
+    if "comm/cum_bytes_recv" not in run.curves:
+        return None
+    return nearest_values(run.curves["comm/cum_bytes_recv"], curve.steps)
+
+
+def readable_unit(axis: str, largest: float) -> tuple[float, str]:
+    """(divisor, unit) so that the axis reads in a sensible unit."""
+    if axis == "wall_time":
+        units = [(1.0, "s"), (60.0, "min"), (3600.0, "h")]
+        limits = [120.0, 120.0 * 60.0]
+    elif axis == "bytes":
+        units = [(1.0, "B"), (1e3, "KB"), (1e6, "MB"), (1e9, "GB"), (1e12, "TB")]
+        limits = [1e3, 1e6, 1e9, 1e12]
+    else:
+        return 1.0, ""
+    for (divisor, unit), limit in zip(units, limits):
+        if largest < limit:
+            return divisor, unit
+    return units[-1]
+
+
+AXES = {
+    "step": ("optimizer step", "curves_vs_step.png"),
+    "wall_time": ("wall time since the run's first event ({unit})", "curves_vs_wall_time.png"),
+    "bytes": ("cumulative bytes received per rank ({unit}, mean over ranks)", "curves_vs_bytes.png"),
+}
+PANELS = [("val/wer", "dev WER", "o-"), ("train/loss", "train loss (CTC)", "-")]
+
+
+def plot(runs: list[Run], out_dir: Path) -> list[Path]:
+    written = []
+    for axis, (xlabel, filename) in AXES.items():
+        series = {}  # (panel tag, run name) -> (x, y)
+        for tag, _, _ in PANELS:
+            for run in runs:
+                if tag in run.curves:
+                    x = x_values(run, run.curves[tag], axis)
+                    if x is not None:
+                        series[tag, run.name] = (x, run.curves[tag].values)
+        largest = max((float(np.max(x)) for x, _ in series.values()), default=0.0)
+        divisor, unit = readable_unit(axis, largest)
+        fig, axes = plt.subplots(1, len(PANELS), figsize=(13, 4.8))
+        for ax, (tag, title, style) in zip(axes, PANELS):
+            drawn = [(name, xy) for (t, name), xy in series.items() if t == tag]
+            for name, (x, y) in drawn:
+                ax.plot(x / divisor, y, style, label=name, markersize=4, linewidth=1.2)
+            ax.set_title(title)
+            ax.set_xlabel(xlabel.format(unit=unit))
+            ax.grid(alpha=0.3)
+            if drawn:
+                ax.legend(fontsize=8)
+            else:
+                ax.text(0.5, 0.5, f"no run logged {tag}" + (" and comm/cum_bytes_recv" if axis == "bytes" else ""),
+                        ha="center", va="center", transform=ax.transAxes)
+        fig.tight_layout()
+        path = out_dir / filename
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dirs", nargs="+", help="run directories (runs/<name>) holding event files and config.yaml")
+    parser.add_argument("--out", required=True, help="directory for the plots and results.{csv,md}")
+    args = parser.parse_args(argv)
+
+    names = [Path(d).name for d in args.run_dirs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SystemExit(f"compare_runs: runs with the same directory name would share a legend entry: {duplicates}")
+    runs = [load_run(d) for d in args.run_dirs]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    table = pd.DataFrame([summarize(run) for run in runs])
+    table.to_csv(out_dir / "results.csv", index=False)
+    markdown = markdown_table(table)
+    (out_dir / "results.md").write_text(markdown)
+    plots = plot(runs, out_dir)
+    print(markdown)
+    print("wrote", ", ".join(str(p) for p in [out_dir / "results.csv", out_dir / "results.md", *plots]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
