@@ -1,0 +1,76 @@
+"""Under mpiexec: a short real-AN4 training run per registered algorithm (dense and every sparse one).
+
+    mpiexec -n P python tests/mpi/train_algorithms.py MANIFEST_DIR OUT_DIR EPOCHS UTTERANCES [--loss-must-fall]
+
+Checks, for every algorithm: replicas stay bit-identical (the trainer's checksum every step, plus an
+independent hash of all parameters at the end, compared over ranks); after the dense warm-up the
+update is sparse (comm/dense 0, density well below 1, fewer bytes than dense); optionally the loss falls.
+Once: a replica perturbed on the last rank is caught by Trainer.check_replicas on every rank.
+Any failure aborts the whole job (non-zero exit).
+"""
+import hashlib
+import sys
+from pathlib import Path
+
+import torch
+
+from comm import Communicator
+from compression import COMPRESSORS
+from tests.mpi.train_common import epoch_losses, read_metrics, run_training, tiny_overrides
+from training.runtime import run_or_abort
+from training.trainer import Trainer
+
+WARMUP = 2
+
+
+def parameter_hash(trainer) -> str:
+    return hashlib.sha256(torch.cat([p.detach().flatten() for p in trainer.params]).numpy().tobytes()).hexdigest()
+
+
+def main(comm, manifests, out_dir, epochs, utterances, loss_must_fall):
+    torch.set_num_threads(1)
+    trainers = []
+    original_fit = Trainer.fit
+
+    def fit(self):  # keep a handle on each run's trainer to inspect it afterwards
+        trainers.append(self)
+        return original_fit(self)
+
+    Trainer.fit = fit
+    P = comm.size
+    for algorithm in sorted(COMPRESSORS):
+        name = f"{algorithm}-p{P}"
+        run_training(tiny_overrides(manifests, out_dir, name, compression__algorithm=algorithm,
+                                    compression__density=0.05, compression__warmup_steps=WARMUP,
+                                    train__epochs=epochs, train__global_batch_size=4 * P,
+                                    data__max_train_utterances=utterances, train__eval_every_epochs=0,
+                                    data__test_manifest="''", optim__lr=1e-3), comm)
+        hashes = comm.allgather_object(parameter_hash(trainers[-1]))
+        assert len(set(hashes)) == 1, f"{algorithm}: replicas differ after training: {hashes}"
+        if comm.rank == 0:
+            metrics = [m for m in read_metrics(Path(out_dir) / name) if m["kind"] == "train"]
+            assert len(metrics) == epochs * utterances // (4 * P), (algorithm, len(metrics))
+            for m in metrics[WARMUP:] if algorithm != "dense" else []:
+                assert m["comm/dense"] == 0.0 and m["comm/density"] < 0.25, (algorithm, m)
+                if P > 1:
+                    assert m["comm/compression_ratio"] > 1.0, (algorithm, m)
+            losses = epoch_losses(Path(out_dir) / name)
+            if loss_must_fall:
+                assert losses[-1] < 0.9 * losses[0], f"{algorithm}: loss did not fall: {losses}"
+            print(f"{algorithm}: P={P} epoch losses {[round(x, 2) for x in losses]}, replicas identical", flush=True)
+
+    trainer = trainers[-1]  # a perturbed replica must be caught, on every rank
+    with torch.no_grad():
+        trainer.params[0].view(-1)[0] += 1e-3 if comm.rank == P - 1 else 0.0
+    try:
+        trainer.check_replicas()
+        caught = P == 1
+    except RuntimeError as e:
+        caught = "replicas differ" in str(e)
+    assert caught, "check_replicas missed a perturbed replica"
+
+
+if __name__ == "__main__":
+    comm = Communicator()
+    args = sys.argv[1:]
+    run_or_abort(comm, main, comm, args[0], args[1], int(args[2]), int(args[3]), "--loss-must-fall" in args)

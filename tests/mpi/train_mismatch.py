@@ -1,0 +1,16 @@
+"""Under mpiexec: ranks started with different configs (here: seed = rank) must be refused with an
+error naming the differing key, and the job must end with a non-zero exit.
+
+    mpiexec -n P python tests/mpi/train_mismatch.py MANIFEST_DIR OUT_DIR
+"""
+import sys
+
+import train
+from comm import Communicator
+from tests.mpi.train_common import SMOKE_CONFIG, tiny_overrides
+
+if __name__ == "__main__":
+    comm = Communicator()
+    overrides = tiny_overrides(sys.argv[1], sys.argv[2], "mismatch", seed=comm.rank)
+    train.main(["--config", str(SMOKE_CONFIG), *overrides])
+    print("rank finished normally (it should not)", flush=True)

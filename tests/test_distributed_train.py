@@ -1,0 +1,51 @@
+"""Training under real MPI ranks (mpiexec): replicas stay identical with dense and every sparse
+compressor, the loss falls, resume is exact with per-rank compressor state, a failing rank ends the
+job promptly, and ranks with different configs are refused. Tiny model, a few dozen utterances."""
+import re
+import time
+
+import pytest
+
+from compression import COMPRESSORS
+from tests.mpi_helpers import check_mpi, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+def test_every_algorithm_trains_on_two_ranks(an4_manifests, tmp_path):
+    out = check_mpi(2, ["tests/mpi/train_algorithms.py", str(an4_manifests), str(tmp_path), "3", "32",
+                        "--loss-must-fall"])
+    for algorithm in COMPRESSORS:
+        assert f"{algorithm}: P=2 epoch losses" in out, out
+
+
+@pytest.mark.parametrize("nprocs", [3, 4])
+def test_replicas_stay_identical(an4_manifests, tmp_path, nprocs):
+    out = check_mpi(nprocs, ["tests/mpi/train_algorithms.py", str(an4_manifests), str(tmp_path), "2",
+                             str(8 * nprocs)])
+    assert out.count("replicas identical") == len(COMPRESSORS), out
+
+
+def test_resume_is_exact_on_two_ranks_with_a_sparse_compressor(an4_manifests, tmp_path):
+    algorithm = "oktopk" if "oktopk" in COMPRESSORS else "topka"
+    out = check_mpi(2, ["tests/mpi/train_resume.py", str(an4_manifests), str(tmp_path), algorithm])
+    assert f"{algorithm}: P=2 resume == uninterrupted over 8 steps" in out, out
+
+
+def test_an_exception_on_rank_1_ends_every_rank_promptly(an4_manifests, tmp_path):
+    proc = run_mpi(2, ["tests/mpi/train_fail.py", str(an4_manifests), str(tmp_path)], timeout=120)
+    ended = time.time()
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "rank 1: RuntimeError: injected failure at step 3" in proc.stderr, proc.stderr
+    assert "finished normally" not in proc.stdout
+    injected = float(re.search(r"INJECTED (\d+\.\d+)", proc.stderr).group(1))
+    assert ended - injected < 10, f"the job took {ended - injected:.1f} s to end after the failure"
+
+
+def test_ranks_with_different_configs_are_refused(an4_manifests, tmp_path):
+    proc = run_mpi(2, ["tests/mpi/train_mismatch.py", str(an4_manifests), str(tmp_path)], timeout=120)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "the configuration differs between ranks" in proc.stderr, proc.stderr
+    assert "seed: rank 0 has 0, rank 1 has 1" in proc.stderr, proc.stderr
+    assert "finished normally" not in proc.stdout
+    assert not (tmp_path / "mismatch").exists()  # refused before anything was written
