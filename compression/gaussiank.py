@@ -62,7 +62,7 @@ class Gaussiank(SparseCompressor):
             local, threshold, adjusts = self.select(acc)
             send = pack_pairs(local.to(self.index_dtype), acc[local])
         received, _ = self.comm.allgatherv(send)
-        indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype), self.numel)
+        indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype))
         return Exchange(
             indices,
             values,

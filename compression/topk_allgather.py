@@ -10,12 +10,13 @@ from compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair
 from compression.selection import topk_indices
 
 
-def sum_pairs(indices: torch.Tensor, values: torch.Tensor, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum the values of duplicate indices: (distinct indices ascending, their sums)."""
-    dense = torch.zeros(numel, dtype=torch.float32, device=values.device)
-    dense.index_add_(0, indices.long(), values)
-    unique = torch.unique(indices.long())
-    return unique, dense[unique]
+def sum_pairs(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum the values of duplicate indices: (distinct indices ascending, their sums). Sorting the
+    P*k received indices is cheaper than touching an n-long buffer (allocating it alone costs more)."""
+    unique, inverse = torch.unique(indices.long(), return_inverse=True)
+    sums = torch.zeros(unique.numel(), dtype=torch.float32, device=values.device)
+    sums.index_add_(0, inverse, values)
+    return unique, sums
 
 
 class TopkAllgather(SparseCompressor):
@@ -27,5 +28,5 @@ class TopkAllgather(SparseCompressor):
             send = pack_pairs(local.to(self.index_dtype), acc[local])
         nbytes = local.numel() * pair_bytes(self.index_dtype)  # identical on every rank
         received, _ = self.comm.allgatherv(send, counts=[nbytes] * self.comm.size)
-        indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype), self.numel)
+        indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype))
         return Exchange(indices, values, applied=local, selected_local=local.numel(), seconds_select=t.seconds)

@@ -23,6 +23,7 @@ import torch
 
 from compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
 from compression.selection import topk_indices
+from compression.topk_allgather import sum_pairs
 
 
 class TopkDSA(SparseCompressor):
@@ -47,11 +48,7 @@ class TopkDSA(SparseCompressor):
 
         # Reduce-scatter: my region's pairs from every rank, summed.
         received, _ = self.comm.alltoallv(send, [c * pb for c in per_region])
-        idx, val = unpack_pairs(received, self.index_dtype)
-        lo, hi = self.bounds[r], self.bounds[r + 1]
-        region = torch.zeros(hi - lo, dtype=torch.float32, device=acc.device)
-        region.index_add_(0, idx.long() - lo, val)
-        mine = torch.unique(idx.long())
+        mine, sums = sum_pairs(*unpack_pairs(received, self.index_dtype))
 
         # Allgather of the reduced regions, each as pairs or dense values.
         reduced = self.comm.allgather_int(mine.numel())
@@ -59,9 +56,11 @@ class TopkDSA(SparseCompressor):
         dense = [reduced[j] > self.dense_switch * lengths[j] for j in range(P)]
         sizes = [lengths[j] * 4 if dense[j] else reduced[j] * pb for j in range(P)]
         if dense[r]:
+            region = torch.zeros(lengths[r], dtype=torch.float32, device=acc.device)
+            region[mine - self.bounds[r]] = sums
             part = region.view(torch.uint8)
         else:
-            part = pack_pairs(mine.to(self.index_dtype), region[mine - lo])
+            part = pack_pairs(mine.to(self.index_dtype), sums)
         gathered, _ = self.comm.allgatherv(part, counts=sizes)
 
         indices, values, offset = [], [], 0

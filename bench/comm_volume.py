@@ -1,0 +1,204 @@
+"""Communication volume of every registered compressor on realistic gradients, next to the paper's cost model.
+
+    mpiexec -n P .venv/bin/python bench/comm_volume.py --numel 27569568 --density 0.02 --steps 64 \
+        [--json out.json] [--algorithms dense topka ...]
+
+Every algorithm in compression.COMPRESSORS (Ok-Topk too once registered) runs `--steps` steps of
+its real `step()` with error feedback, one algorithm after the other, on the same gradient
+sequence. Per rank and step it records bytes sent/received, messages, selection and communication
+seconds (the Communicator's application-level counters, DESIGN 3) and the global density; each
+rank's means over the steps are then reduced over ranks (mean and max, by allreduce).
+The default of 64 steps covers one full period of Ok-Topk's recomputations (thresholds every 32,
+repartition every 64 steps), so its amortized volume is representative; fewer steps over-weight
+step 0, where every algorithm with periodic recomputation does all of them.
+
+Synthetic gradients (no model is run): the flat vector is cut into 40 "layers" (seeded sizes)
+with log-uniform scales over three decades, as gradient magnitudes differ between tensors.
+g(rank, step) = scale_layer * (0.5 * m + e(rank, step)) where m is a Laplace component shared by
+all ranks and all steps (the persistent true gradient: consecutive steps and different ranks
+select overlapping indices, as in training) and e is Student-t (3 degrees of freedom, heavy-tailed)
+noise, a fixed per-rank draw (seeded by rank) rolled by a random offset every step (fresh noise
+without redrawing 27M numbers per step).
+
+Closed forms (4-byte words per rank per step; k = round(density * n); a pair = 2 words):
+  dense      2n(P-1)/P                                    ring allreduce
+  topka      2k(P-1)                                      allgather of k pairs
+  topkdsa    [4k(P-1)/P, 2k(P-1)/P + min(2k(P-1), n(P-1)/P)]  reduce-scatter + allgather of the union
+  gtopk      4k ceil(log2 P)                              critical path: k pairs up and down each round
+  gaussiank  2k(P-1)                                      allgatherv of ~k pairs
+  oktopk     [2k(P-1)/P, 6k(P-1)/P]                       lower bound and the paper's upper bound
+The measured column is words received per rank (mean over ranks; max over ranks in brackets);
+for gTopk the model counts the root's receives and sends together.
+"""
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from comm import Communicator  # noqa: E402
+from compression import COMPRESSORS, build_compressor  # noqa: E402
+
+LAYERS = 40
+WORD = 4
+
+FORMULAS = {
+    "dense": "2n(P-1)/P",
+    "topka": "2k(P-1)",
+    "topkdsa": "[4k(P-1)/P, 2k(P-1)/P + min(2k(P-1), n(P-1)/P)]",
+    "gtopk": "4k ceil(log2 P)",
+    "gaussiank": "2k(P-1)",
+    "oktopk": "[2k(P-1)/P, 6k(P-1)/P]",
+}
+
+
+def model_words(name: str, n: int, k: int, P: int) -> tuple[float, float]:
+    """(low, high) words per rank per step in the paper's model; low == high where it is one number."""
+    if name == "dense":
+        w = 2 * n * (P - 1) / P
+        return w, w
+    if name in ("topka", "gaussiank"):
+        return 2 * k * (P - 1), 2 * k * (P - 1)
+    if name == "topkdsa":
+        return 4 * k * (P - 1) / P, 2 * k * (P - 1) / P + min(2 * k * (P - 1), n * (P - 1) / P)
+    if name == "gtopk":
+        w = 4 * k * math.ceil(math.log2(P)) if P > 1 else 0
+        return w, w
+    if name == "oktopk":
+        return 2 * k * (P - 1) / P, 6 * k * (P - 1) / P
+    return None, None  # an algorithm this table does not know yet
+
+
+class GradientSource:
+    """Seeded synthetic gradients (see the module docstring). Shared parts use seed `seed`; the
+    noise uses seed + 1 + rank; the per-step roll offsets depend on (seed, rank, step)."""
+
+    def __init__(self, numel: int, rank: int, seed: int = 0):
+        shared = np.random.default_rng(seed)
+        weights = shared.lognormal(0.0, 1.0, LAYERS)
+        bounds = np.concatenate([[0], np.round(np.cumsum(weights) / weights.sum() * numel)]).astype(np.int64)
+        layer_scales = 10.0 ** shared.uniform(-3.0, 0.0, LAYERS)
+        self.scale = torch.from_numpy(np.repeat(layer_scales, np.diff(bounds)).astype(np.float32))
+        self.shared = torch.from_numpy((0.5 * shared.laplace(0.0, 1.0, numel)).astype(np.float32))
+        self.noise = torch.from_numpy(np.random.default_rng(seed + 1 + rank).standard_t(3, numel).astype(np.float32))
+        self.seed, self.rank, self.numel = seed, rank, numel
+
+    def gradient(self, step: int) -> torch.Tensor:
+        shift = int(np.random.default_rng([self.seed, self.rank, step]).integers(self.numel))
+        g = torch.roll(self.noise, shift)
+        g += self.shared
+        g *= self.scale
+        return g
+
+
+def measure(comm, name, numel, density, steps, source) -> dict:
+    """Run `steps` steps of one algorithm; return this rank's per-step means."""
+    compressor = build_compressor(name, comm, numel, density)
+    from_stats = ("bytes_sent", "bytes_recv", "messages", "seconds_select", "seconds_comm", "selected_global", "selected_local")
+    sums = dict.fromkeys(from_stats + ("seconds_step", "meta_bytes_recv"), 0.0)
+    peak_recv = 0
+    comm.barrier()
+    for step in range(steps):
+        grad = source.gradient(step)
+        meta_before = comm.counts("meta")
+        t0 = time.perf_counter()
+        stats = compressor.step(grad, step)
+        sums["seconds_step"] += time.perf_counter() - t0
+        sums["meta_bytes_recv"] += (comm.counts("meta") - meta_before).bytes_recv
+        for key in from_stats:
+            sums[key] += getattr(stats, key)
+        peak_recv = max(peak_recv, stats.bytes_recv)
+    del compressor
+    means = {key: v / steps for key, v in sums.items()}
+    means["bytes_recv_peak"] = peak_recv
+    return means
+
+
+def reduce_over_ranks(comm, mine: dict) -> dict:
+    """mean and max over ranks of each per-rank figure."""
+    keys = sorted(mine)
+    values = torch.tensor([float(mine[key]) for key in keys], dtype=torch.float64)
+    total, peak = values.clone(), values.clone()
+    comm.allreduce_(total, "sum")
+    comm.allreduce_(peak, "max")
+    out = {}
+    for i, key in enumerate(keys):
+        out[f"{key}_mean"] = total[i].item() / comm.size
+        out[f"{key}_max"] = peak[i].item()
+    return out
+
+
+def table(records: list[dict], P: int, numel: int, density: float, steps: int) -> str:
+    k = max(1, int(round(density * numel)))
+    lines = [
+        f"Communication per rank per step: n = {numel:,}, density = {density}, k = {k:,}, P = {P}, {steps} steps "
+        f"(words = 4 bytes; recv = mean over ranks [max over ranks]; model from Li & Hoefler PPoPP'22 Table 1)",
+        "",
+        "| algorithm | recv words [max] | sent words | model words | formula | recv/model | messages | density | select s | comm s | step s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        low, high = r["model_words_low"], r["model_words_high"]
+        model = "n/a" if low is None else f"{low:,.0f}" if low == high else f"{low:,.0f} .. {high:,.0f}"
+        ratio = "n/a" if not high else f"{r['bytes_recv_max'] / WORD / high:.3f}"
+        lines.append(
+            f"| {r['algorithm']} | {r['bytes_recv_mean'] / WORD:,.0f} [{r['bytes_recv_max'] / WORD:,.0f}] "
+            f"| {r['bytes_sent_mean'] / WORD:,.0f} | {model} | {r['formula']} | {ratio} | {r['messages']:.1f} "
+            f"| {r['selected_density']:.5f} | {r['seconds_select_mean']:.3f} | {r['seconds_comm_mean']:.3f} "
+            f"| {r['seconds_step_mean']:.3f} |"
+        )
+    lines += ["", "recv/model: the busiest rank's received words over the model's (upper) value. gtopk's model "
+              "counts the root's receives and sends along the critical path, so its root receives exactly half."]
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--numel", type=int, default=27569568, help="gradient length (lstman4: 27,569,568)")
+    parser.add_argument("--density", type=float, default=0.02)
+    parser.add_argument("--steps", type=int, default=64, help="steps per algorithm (64 covers Ok-Topk's periods)")
+    parser.add_argument("--algorithms", nargs="+", default=None, help=f"default: all of {sorted(COMPRESSORS)}")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="write the records here (rank 0)")
+    args = parser.parse_args()
+    algorithms = args.algorithms or list(COMPRESSORS)
+    unknown = [a for a in algorithms if a not in COMPRESSORS]
+    if unknown:
+        parser.error(f"unknown algorithms {unknown}; known: {sorted(COMPRESSORS)}")
+    if args.steps < 1 or args.numel < 1:
+        parser.error("--steps and --numel must be positive")
+
+    torch.set_num_threads(1)
+    comm = Communicator()
+    P = comm.size
+    source = GradientSource(args.numel, comm.rank, args.seed)
+    k = max(1, int(round(args.density * args.numel)))
+    records = []
+    for name in algorithms:
+        mine = measure(comm, name, args.numel, args.density, args.steps, source)
+        figures = reduce_over_ranks(comm, mine)
+        low, high = model_words(name, args.numel, k, P)
+        records.append({
+            "algorithm": name, "P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps,
+            **figures,
+            "messages": figures["messages_mean"],
+            "selected_density": figures["selected_global_mean"] / args.numel,
+            "model_words_low": low, "model_words_high": high, "formula": FORMULAS.get(name, "n/a"),
+        })
+        if comm.rank == 0:
+            print(f"# {name}: done ({figures['seconds_step_mean']:.2f} s/step)", file=sys.stderr, flush=True)
+    if comm.rank == 0:
+        print(table(records, P, args.numel, args.density, args.steps), flush=True)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            config = {"P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps, "seed": args.seed}
+            args.json.write_text(json.dumps({"config": config, "formulas": FORMULAS, "records": records}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
