@@ -1,0 +1,200 @@
+"""scripts/compare_runs.py: runs with known scalars written by TensorBoard's writer, then real tiny training
+runs (1 and 2 ranks): the table must hold exactly what was logged, the plots must show every run."""
+import contextlib
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from torch.utils.tensorboard import SummaryWriter
+
+from tests.mpi_helpers import check_mpi
+
+REPO = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("compare_runs", REPO / "scripts" / "compare_runs.py")
+compare_runs = sys.modules.setdefault("compare_runs", importlib.util.module_from_spec(spec))
+spec.loader.exec_module(compare_runs)
+
+PLOTS = ["curves_vs_step.png", "curves_vs_wall_time.png", "curves_vs_bytes.png"]
+COLORS = [(0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)]  # matplotlib's first two line colours (C0, C1)
+
+
+def write_run(run_dir: Path, config: dict | None, scalars: dict[str, list[tuple[int, float]]],
+              new_style: tuple[str, ...] = ()) -> None:
+    """Event file with the given (step, value) points; wall time = 1000 + 2 * step seconds."""
+    run_dir.mkdir(parents=True)
+    writer = SummaryWriter(log_dir=str(run_dir))
+    for tag, points in scalars.items():
+        for step, value in points:
+            writer.add_scalar(tag, value, step, walltime=1000.0 + 2 * step, new_style=tag in new_style)
+    writer.close()
+    if config is not None:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def config(algorithm, density, P, model="lstman4"):
+    return {"name": "x", "model": {"name": model}, "compression": {"algorithm": algorithm, "density": density},
+            "distributed": {"world_size": P}}
+
+
+def compare(*args) -> subprocess.CompletedProcess:
+    """compare_runs' command line, run in this process (a new interpreter costs seconds of imports)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = compare_runs.main([str(a) for a in args])
+        except SystemExit as e:  # errors exit with their message, as on the command line
+            code = e.code if isinstance(e.code, int) else 1
+            if not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
+
+
+def test_command_line():
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "--out" in proc.stdout
+
+
+def line_pixels(png: Path, rgb) -> int:
+    image = matplotlib.image.imread(png)[..., :3] * 255
+    return int((np.abs(image - np.array(rgb)).max(axis=-1) < 8).sum())
+
+
+def check_plots(out: Path, n_runs: int) -> None:
+    for name in PLOTS:
+        png = out / name
+        assert png.is_file() and png.stat().st_size > 20_000, name
+        for rgb in COLORS[:n_runs]:  # every run's curve is drawn
+            assert line_pixels(png, rgb) > 100, (name, rgb)
+
+
+# ------------------------------------------------------------------------------------------- written events
+@pytest.fixture
+def two_runs(tmp_path):
+    steps = range(1, 21)
+    a = tmp_path / "runs" / "ok-p4"
+    write_run(a, config("oktopk", 0.02, 4), {
+        "train/loss": [(s, 100.0 - 2.5 * s) for s in steps],
+        "comm/cum_bytes_recv": [(s, 1024.0 * s) for s in steps if s % 3 == 0],  # logged every 3 steps only
+        "time/compute": [(s, 0.25 if s % 2 else 0.5) for s in steps],
+        "time/selection": [(s, 0.0625) for s in steps],
+        "time/communication": [(s, 0.125) for s in steps],
+        "time/step": [(s, 1.0) for s in steps],
+        "val/wer": [(10, 0.75), (20, 0.5)], "val/cer": [(10, 0.5), (20, 0.375)],
+        "test/wer": [(20, 0.625)],
+    }, new_style=("val/cer",))  # one tag as a new-style tensor summary: read all the same
+    b = tmp_path / "runs" / "dense-p2"
+    write_run(b, config("dense", 0.01, 2), {  # no selection time, no test set, no CER
+        "train/loss": [(s, 90.0 - s) for s in range(1, 31)],
+        "comm/cum_bytes_recv": [(s, 4096.0 * s) for s in range(1, 31)],
+        "time/compute": [(s, 0.75) for s in range(1, 31)],
+        "time/communication": [(s, 0.25) for s in range(1, 31)],
+        "val/wer": [(15, 0.875), (30, 0.625), (31, 0.75)],
+    })
+    return a, b
+
+
+def test_table_holds_exactly_what_was_logged(two_runs, tmp_path):
+    a, b = two_runs
+    out = tmp_path / "compare"
+    proc = compare(a, b, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(out / "results.csv")
+    rows = {r["run"]: r for r in table.to_dict("records")}
+    assert rows["ok-p4"] == {
+        "run": "ok-p4", "model": "lstman4", "algorithm": "oktopk", "density": 0.02, "P": 4, "steps": 20,
+        "final_dev_wer": 0.5, "best_dev_wer": 0.5, "final_dev_cer": 0.375, "test_wer": 0.625,
+        "bytes_recv_total": 18 * 1024.0, "compute_ms": 375.0, "selection_ms": 62.5, "communication_ms": 125.0,
+        "step_ms": 1000.0}
+    dense = rows["dense-p2"]
+    assert (dense["algorithm"], dense["density"], dense["P"], dense["steps"]) == ("dense", 1.0, 2, 30)
+    assert (dense["final_dev_wer"], dense["best_dev_wer"]) == (0.75, 0.625)  # the last and the lowest differ here
+    assert (dense["bytes_recv_total"], dense["compute_ms"], dense["communication_ms"]) == (30 * 4096.0, 750.0, 250.0)
+    for missing in ("final_dev_cer", "test_wer", "selection_ms", "step_ms"):
+        assert np.isnan(dense[missing]), missing  # an empty cell, not a crash
+    csv_text = (out / "results.csv").read_text()
+    markdown = (out / "results.md").read_text()
+    assert "nan" not in csv_text.lower() and "nan" not in markdown.lower()
+    assert "| dense-p2 | lstman4 | dense | 1 | 2 | 30 | 0.75 | 0.625 |  |  | 1.229e+05 | 750 |  | 250 |  |" in markdown
+    assert markdown in proc.stdout
+    check_plots(out, 2)
+
+
+def test_curve_coordinates(two_runs):
+    a, _ = two_runs
+    run = compare_runs.load_run(a)
+    wer = run.curves["val/wer"]
+    assert compare_runs.x_values(run, wer, "step").tolist() == [10, 20]
+    # wall time relative to the run's first event (step 1 at 1002 s)
+    assert compare_runs.x_values(run, wer, "wall_time").tolist() == [18.0, 38.0]
+    # bytes at the nearest logged step: 9 for step 10, 18 for step 20
+    assert compare_runs.x_values(run, wer, "bytes").tolist() == [9 * 1024.0, 18 * 1024.0]
+
+
+def test_nearest_values_matches_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        steps = np.unique(rng.integers(0, 60, size=rng.integers(1, 12)))
+        curve = compare_runs.Curve(steps, steps * 1.0, rng.normal(size=len(steps)))
+        queries = rng.integers(-5, 70, size=20)
+        # reference: the smallest distance, the earlier step on ties (argmin takes the first)
+        expected = [curve.values[np.argmin(np.abs(steps - q))] for q in queries]
+        assert compare_runs.nearest_values(curve, queries).tolist() == expected
+
+
+def test_run_without_events_or_config(tmp_path):
+    empty = tmp_path / "empty-run"
+    empty.mkdir()
+    (empty / "config.yaml").write_text(yaml.safe_dump(config("dense", 0.01, 1)))
+    proc = compare(empty, "--out", tmp_path / "o")
+    assert proc.returncode != 0 and f"no TensorBoard event files (events.out.tfevents.*) under {empty}" in proc.stderr
+    proc = compare(tmp_path / "missing", "--out", tmp_path / "o")
+    assert proc.returncode != 0 and f"{tmp_path / 'missing'} is not a directory" in proc.stderr
+    bare = tmp_path / "bare"  # events only: algorithm, density, P empty; nothing to plot against bytes
+    write_run(bare, None, {"train/loss": [(1, 3.0), (2, 2.0)]})
+    proc = compare(bare, "--out", tmp_path / "o")
+    assert proc.returncode == 0, proc.stderr
+    assert "config.yaml missing" in proc.stderr
+    assert "| bare |  |  |  |  | 2 |" in (tmp_path / "o" / "results.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------- real runs
+@pytest.mark.mpi
+def test_real_runs_one_and_two_ranks(an4_manifests, tmp_path):
+    """configs/smoke.yaml at P=1 (dense) and P=2 (TopkA); the table must agree with each run's metrics.jsonl."""
+    common = ["train.py", "--config", "configs/smoke.yaml", f"out_dir={tmp_path}",
+              *(f"data.{s}_manifest={an4_manifests / f'an4_{s}.csv'}" for s in ("train", "dev", "test"))]
+    check_mpi(1, common + ["name=p1-dense"], timeout=300)
+    check_mpi(2, common + ["name=p2-topka", "compression.algorithm=topka", "compression.density=0.05"], timeout=300)
+    out = tmp_path / "compare"
+    proc = compare(tmp_path / "p1-dense", tmp_path / "p2-topka", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["run"]: r for r in pd.read_csv(out / "results.csv").to_dict("records")}
+    for name, algorithm, density, P in (("p1-dense", "dense", 1.0, 1), ("p2-topka", "topka", 0.05, 2)):
+        row = rows[name]
+        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        train = [r for r in records if r["kind"] == "train" and "train/loss" in r]
+        val = [r for r in records if r["kind"] == "val"]
+        test = [r for r in records if r["kind"] == "test"]
+        assert (row["algorithm"], row["density"], row["P"], row["model"]) == (algorithm, density, P, "lstman4_tiny")
+        assert row["steps"] == train[-1]["step"]
+        # TensorBoard stores float32; metrics.jsonl float64
+        expected = {"final_dev_wer": val[-1]["val/wer"], "best_dev_wer": min(r["val/wer"] for r in val),
+                    "final_dev_cer": val[-1]["val/cer"], "test_wer": test[-1]["test/wer"],
+                    "bytes_recv_total": train[-1]["comm/cum_bytes_recv"]}
+        for key, tag in (("compute_ms", "time/compute"), ("selection_ms", "time/selection"),
+                         ("communication_ms", "time/communication"), ("step_ms", "time/step")):
+            expected[key] = 1000 * float(np.mean(np.float32([r[tag] for r in train])))
+        for key, value in expected.items():
+            assert row[key] == pytest.approx(value, rel=1e-5, abs=1e-9), (name, key)
+    assert rows["p1-dense"]["bytes_recv_total"] == 0  # one rank receives nothing
+    assert rows["p2-topka"]["bytes_recv_total"] > 0
+    check_plots(out, 2)
