@@ -1,15 +1,18 @@
 """Project each algorithm's communication and step time to P = 4 ... 256 GPUs with an alpha-beta model.
 
-    .venv/bin/python bench/project_scaling.py [--measured comm_volume.json] [--density 0.02] [--out DIR]
+    .venv/bin/python bench/project_scaling.py [--measured bench/results/comm_volume_P*.json] [--density 0.02] [--out DIR]
 
-Per algorithm and rank count P, one rank's communication time per optimizer step is
-    t_comm(P) = alpha * messages(P) + beta * bytes_received(P)
+Per algorithm and rank count P, the communication time per optimizer step is
+    t_comm(P) = alpha * messages(P) + beta * bytes(P)
+with the bytes and messages on the critical path of the slowest rank: what it receives (sends overlap
+receives), except for gTopk, whose tree rounds are sequential, so the root's receives (merge) and sends
+(broadcast) add up.
 and the step time is t_compute(P) + t_selection + t_comm(P) (the trainer exchanges gradients after the
 backward pass, without overlap). Speedup = dense step time / algorithm step time at the same P.
 
 Volumes and message counts (per rank per step, application level as comm/communicator.py counts them):
-closed forms of DESIGN 4 and Li & Hoefler (PPoPP'22, Table 1), n = numel, k = density * n, a word = 4 bytes,
-an (index, value) pair = 2 words:
+closed forms of DESIGN 4 and Li & Hoefler (PPoPP'22, Table 1), n = numel, k = round(density * n), a word =
+4 bytes, an (index, value) pair = 2 words:
     dense      ring allreduce         2n(P-1)/P words            2(P-1) messages
     topka      allgather of k pairs   2k(P-1) words              P-1
     gaussiank  allgatherv, ~k pairs   2k(P-1) words              2(P-1)  (+ the count exchange)
@@ -19,9 +22,11 @@ an (index, value) pair = 2 words:
                (n(P-1)/P words) once U > n/3                                                 2(P-1)
     oktopk     split-reduce 2k(P-1)/P + balanced allgatherv 2k(P-1)/P = 4k(P-1)/P words (the paper's
                bounds: 2k(P-1)/P .. 6k(P-1)/P)                      2(P-1) + 2 ceil(log2 P)
-Measured points (--measured, from bench/comm_volume.py --json) replace the closed form at their P; in
-between and beyond, the closed form is scaled by the measured/closed-form ratio, interpolated in log2 P
-between measured points and held at the nearest one outside them. Without --measured: closed forms only.
+Measured points (--measured: the JSON files of bench/comm_volume.py --json, one per P) replace the closed
+form at their P: bytes_recv_max and messages_max (messages sent; for gTopk bytes_recv_max + bytes_sent_max
+and 2 x messages_max, the root's receives and sends). In between and beyond, the closed form is scaled by
+the measured/closed-form ratio, interpolated in log2 P between measured points and held at the nearest
+one outside them. Without --measured: closed forms only.
 
 Assumptions (flags; defaults stated in the output):
   alpha 2 us per message: Slingshot 11 MPI latency, order of magnitude.
@@ -65,7 +70,7 @@ def log2_ceil(P: int) -> int:
 
 def closed_form(algorithm: str, P: int, numel: int, density: float) -> tuple[float, float]:
     """(bytes received, messages) by one rank in one step: see the module docstring."""
-    n, k = float(numel), density * numel
+    n, k = float(numel), float(max(1, round(density * numel)))
     if P <= 1:
         return 0.0, 0.0
     if algorithm == "dense":
@@ -94,8 +99,8 @@ class Measured:
     P: int
     numel: int
     density: float
-    bytes_recv: float  # per rank per step (the slowest rank's when the input has it)
-    messages: float  # per rank per step
+    bytes: float  # on the critical path, per step (the slowest rank's)
+    messages: float  # on the critical path, per step
 
 
 def _field(record: dict, names: tuple[str, ...], where: str, required: bool = True):
@@ -108,18 +113,16 @@ def _field(record: dict, names: tuple[str, ...], where: str, required: bool = Tr
 
 
 def load_measured(path: str | Path) -> list[Measured]:
-    """Records of bench/comm_volume.py --json: a list, or an object with a list under "records" or
-    "results". Each record: algorithm, P (or world_size), numel, density, bytes received per rank per
-    step (bytes_recv_max preferred: the slowest rank sets the step time; else bytes_recv_mean), and
-    messages per step (messages / msgs_recv_mean / msgs_recv)."""
+    """The records of one bench/comm_volume.py --json file ({"records": [...]}; a bare list also works).
+    Each record: algorithm, P, numel, density, bytes_recv_max, bytes_sent_max (gTopk), messages_max."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise SystemExit(f"project_scaling: cannot read {path}: {e}") from None
     if isinstance(data, dict):
-        data = data.get("records", data.get("results"))
+        data = data.get("records")
     if not isinstance(data, list):
-        raise SystemExit(f"project_scaling: {path}: expected a list of records (or {{'records': [...]}})")
+        raise SystemExit(f"project_scaling: {path}: expected {{'records': [...]}} as bench/comm_volume.py --json writes")
     out = []
     for i, rec in enumerate(data):
         where = f"{path} record {i}"
@@ -128,13 +131,18 @@ def load_measured(path: str | Path) -> list[Measured]:
         algorithm = str(_field(rec, ("algorithm",), where))
         if algorithm not in ALGORITHMS:
             raise SystemExit(f"project_scaling: {where}: unknown algorithm {algorithm!r}; known: {ALGORITHMS}")
+        nbytes = float(_field(rec, ("bytes_recv_max",), where))
+        messages = float(_field(rec, ("messages_max",), where))
+        if algorithm == "gtopk":  # sequential tree rounds: the root's receives and sends add up
+            nbytes += float(_field(rec, ("bytes_sent_max",), where))
+            messages *= 2
         out.append(Measured(
             algorithm=algorithm,
-            P=int(_field(rec, ("P", "world_size", "ranks"), where)),
-            numel=int(_field(rec, ("numel", "n"), where)),
+            P=int(_field(rec, ("P",), where)),
+            numel=int(_field(rec, ("numel",), where)),
             density=1.0 if algorithm == "dense" else float(_field(rec, ("density",), where)),
-            bytes_recv=float(_field(rec, ("bytes_recv_max", "bytes_recv_mean", "bytes_recv"), where)),
-            messages=float(_field(rec, ("messages", "msgs_recv_mean", "msgs_recv", "messages_per_step"), where)),
+            bytes=nbytes,
+            messages=messages,
         ))
     return out
 
@@ -158,7 +166,7 @@ def calibration_ratio(points: dict[int, Measured], P: int) -> tuple[float, float
     for p in Ps:
         m = points[p]
         cf_bytes, cf_msgs = closed_form(m.algorithm, p, m.numel, m.density)
-        ratios.append((m.bytes_recv / cf_bytes if cf_bytes else 1.0, m.messages / cf_msgs if cf_msgs else 1.0))
+        ratios.append((m.bytes / cf_bytes if cf_bytes else 1.0, m.messages / cf_msgs if cf_msgs else 1.0))
     x = np.log2(Ps)
     at = math.log2(P)
     return (float(np.interp(at, x, [r[0] for r in ratios])), float(np.interp(at, x, [r[1] for r in ratios])))
@@ -187,7 +195,7 @@ def project(algorithms: list[str], ranks: list[int], numel: int, density: float,
         for P in ranks:
             nbytes, messages = closed_form(algorithm, P, numel, d)
             if P in points and points[P].numel == numel and points[P].density == d:
-                nbytes, messages, source = points[P].bytes_recv, points[P].messages, "measured"
+                nbytes, messages, source = points[P].bytes, points[P].messages, "measured"
             elif points:
                 rb, rm = calibration_ratio(points, P)
                 nbytes, messages, source = nbytes * rb, messages * rm, "calibrated"
@@ -197,7 +205,7 @@ def project(algorithms: list[str], ranks: list[int], numel: int, density: float,
             compute_ms = model.compute_ms(P)
             selection_ms = model.selection_ms.get(algorithm, 0.0)
             rows.append({"algorithm": algorithm, "P": P, "numel": numel, "density": d, "source": source,
-                         "MB_recv": nbytes / 1e6,
+                         "MB_per_step": nbytes / 1e6,
                          "messages": messages, "comm_ms": comm_ms, "compute_ms": compute_ms,
                          "selection_ms": selection_ms, "step_ms": compute_ms + selection_ms + comm_ms})
     df = pd.DataFrame(rows)
@@ -244,7 +252,7 @@ def trend_text(df: pd.DataFrame) -> str:
     if "oktopk" in df.algorithm.values and "density" in df:
         ok = df[(df.algorithm == "oktopk") & (df.P > 1)]
         unit = WORD * ok.density * ok.numel * (ok.P - 1) / ok.P  # bytes of k(P-1)/P words
-        ratio = ok.MB_recv * 1e6 / unit
+        ratio = ok.MB_per_step * 1e6 / unit
         lines.append(f"Ok-Topk receives {ratio.min():.2f} to {ratio.max():.2f} x k(P-1)/P words per rank "
                      f"(paper: between 2 and 6).")
     if "dense" in df.algorithm.values:
@@ -310,7 +318,7 @@ def parse_selection(items: list[str]) -> dict[str, float]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--measured", help="JSON from bench/comm_volume.py --json (optional)")
+    parser.add_argument("--measured", nargs="*", default=[], help="JSON files from bench/comm_volume.py --json")
     parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
     parser.add_argument("--ranks", nargs="+", type=int, default=DEFAULT_RANKS,
                         help="P values to project (measured P values are added)")
@@ -329,13 +337,13 @@ def main(argv=None) -> int:
     if min(args.ranks) < 1 or args.numel < 1 or args.global_batch < 1 or args.bandwidth_gbs <= 0 or args.alpha_us < 0:
         raise SystemExit("project_scaling: --ranks, --numel, --global-batch and --bandwidth-gbs must be positive")
 
-    measured = load_measured(args.measured) if args.measured else []
+    measured = [m for path in args.measured for m in load_measured(path)]
     ranks = sorted(set(args.ranks) | {m.P for m in measured if m.P > 1 and m.algorithm in args.algorithms})
     model = Model(args.alpha_us * 1e-6, 1.0 / (args.bandwidth_gbs * 1e9), args.compute_fixed_ms,
                   args.compute_per_utt_ms, args.global_batch, parse_selection(args.selection_ms))
     df = project(args.algorithms, ranks, args.numel, args.density, measured, model)
 
-    source = (f"measured volumes from {args.measured} ({len(measured)} records) where available, "
+    source = (f"measured volumes from {', '.join(args.measured)} ({len(measured)} records) where available, "
               f"calibrated closed forms elsewhere" if measured else
               "closed forms only (no --measured input: nothing here was measured)")
     header = (f"# Projected step time: n = {args.numel:,} gradient entries, density {args.density}, global batch "
@@ -349,7 +357,9 @@ def main(argv=None) -> int:
                 "## Step time (ms)\n", pivot_markdown(df, "step_ms", ".1f")]
     if "speedup_vs_dense" in df:
         sections += ["## Speedup over dense (step time)\n", pivot_markdown(df, "speedup_vs_dense", ".2f")]
-    sections += ["## Received per rank per step (MB)\n", pivot_markdown(df, "MB_recv", ".2f"),
+    sections += ["## Volume per step on the critical path (MB: received by the busiest rank; gTopk: the root's "
+                 "received + sent)\n", pivot_markdown(df, "MB_per_step", ".2f"),
+                 "## Messages per step on the critical path\n", pivot_markdown(df, "messages", ".1f"),
                  "## Trend\n", trend_text(df) + "\n"]
     text = "\n".join(sections)
 
