@@ -1,6 +1,7 @@
 """Registry of gradient compressors by config name. Add a new algorithm here (see README)."""
 from compression.base import Compressor, SparseCompressor, StepStats
 from compression.dense import DenseAllreduce
+from compression.oktopk import OkTopk
 from compression.gaussiank import Gaussiank
 from compression.gtopk import GTopk
 from compression.topk_allgather import TopkAllgather
@@ -8,6 +9,7 @@ from compression.topk_dsa import TopkDSA
 
 COMPRESSORS: dict[str, type[Compressor]] = {
     DenseAllreduce.name: DenseAllreduce,
+    OkTopk.name: OkTopk,
     TopkAllgather.name: TopkAllgather,
     TopkDSA.name: TopkDSA,
     GTopk.name: GTopk,
