@@ -17,7 +17,8 @@ usage: scripts/sweep.sh -c CONFIG [options] [key=value ...]
       --algorithms "A ..." default: $ALL_ALGORITHMS
       --densities "D ..."  default: 0.01 0.02
       --ranks "P ..."      default: 2 4 (local), 4 8 16 32 (pbs, slurm)
-      --prefix NAME        run name prefix (default: the config's file name without .yaml)
+      --prefix NAME        run name prefix (default: the config's file name without .yaml); a sweep refuses
+                           names whose run directory exists already, e.g. use --prefix lstman4-\$(date +%m%d)
       --gpus-per-node G    cluster only: ranks per node (default 4); P <= G uses one node with P ranks,
                            larger P must be a multiple of G
   -t, --walltime T         cluster only: HH:MM:SS, passed to the submit helper
@@ -129,6 +130,22 @@ for P in "${rank_list[@]}"; do
             [[ "$algorithm" != dense ]] || break # one dense run per P
         done
     done
+done
+
+# A run directory that exists already would get a second set of curves appended (out_dir: runs/, or the
+# out_dir= override; a config with another out_dir is not checked).
+out_dir=runs
+for override in "${overrides[@]}"; do
+    [[ "$override" != out_dir=* ]] || out_dir=${override#out_dir=}
+done
+[[ "$out_dir" == /* ]] || out_dir="$REPO/$out_dir"
+for run in "${runs[@]}"; do
+    make_command $run
+    name=${run_overrides[0]#name=}
+    if [[ -e "$out_dir/$name" ]]; then
+        ((dry_run)) || die "run directory $out_dir/$name exists already: choose another --prefix"
+        echo "# note: $out_dir/$name exists already (a real sweep would refuse)" >&2
+    fi
 done
 
 cd "$REPO"

@@ -230,13 +230,20 @@ def test_sweep_pbs_and_slurm_dry_runs_print_submit_commands():
 
 def test_sweep_submits_one_job_per_run(tmp_path):
     env, log = fake_command(tmp_path, "qsub")
-    lines = ok(["scripts/sweep.sh", "-c", CONFIG, "--scheduler", "pbs", "-A", "PRJ", "--algorithms", "dense oktopk",
-                "--densities", "0.01 0.02", "--ranks", "4 8"], {**env, **LEFTOVERS, "DRY_RUN": "1"}, clean=False)
+    args = ["scripts/sweep.sh", "-c", CONFIG, "--scheduler", "pbs", "-A", "PRJ", "--algorithms", "dense oktopk",
+            "--densities", "0.01 0.02", "--ranks", "4 8", f"out_dir={tmp_path / 'runs'}"]
+    lines = ok(args, {**env, **LEFTOVERS, "DRY_RUN": "1"}, clean=False)
     calls = recorded_calls(log)
     assert len(calls) == 6 and lines.count("123.fake") == 6
     names = sorted(call[call.index("-N") + 1] for call in calls)
     assert names == sorted(f"smoke-{a}-p{P}" for a in ("dense", "oktopk-d0.01", "oktopk-d0.02") for P in (4, 8))
     assert all(f"select={1 if 'p4' in c[c.index('-N') + 1] else 2}:system=polaris" in c for c in calls)
+    # A second sweep with the same names would append to those runs' curves: refused before submitting anything.
+    (tmp_path / "runs" / "smoke-oktopk-d0.02-p8").mkdir(parents=True)
+    proc = run(args, env)
+    assert proc.returncode == 2 and "smoke-oktopk-d0.02-p8 exists already: choose another --prefix" in proc.stderr
+    assert len(recorded_calls(log)) == 6
+    assert run(args + ["--dry-run"], env).returncode == 0  # a dry run only notes it
 
 
 # ------------------------------------------------------------------------------------------------ refusals
