@@ -290,3 +290,16 @@ def test_bad_arguments_are_refused(args, message, tmp_path):
     assert message in proc.stderr, proc.stderr
     assert proc.stderr.startswith(Path(args[0]).name + ": error: ")
     assert proc.stdout == "" and not log.exists()  # nothing printed as if it would run, nothing submitted
+
+
+@pytest.mark.mpi
+def test_sweep_local_run_really_trains(an4_manifests, tmp_path):
+    """The sweep's local command line is one train.py accepts: a 1-rank smoke run, one epoch."""
+    data = [f"data.{s}_manifest={an4_manifests / f'an4_{s}.csv'}" for s in ("train", "dev", "test")]
+    proc = run(["scripts/sweep.sh", "-c", CONFIG, "--algorithms", "topka", "--densities", "0.05", "--ranks", "1",
+                f"out_dir={tmp_path}", "train.epochs=1", *data], {"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = tmp_path / "smoke-topka-d0.05-p1"
+    saved = (run_dir / "config.yaml").read_text()
+    assert "algorithm: topka" in saved and "density: 0.05" in saved and "world_size: 1" in saved
+    assert list(run_dir.glob("events.out.tfevents.*"))
