@@ -1,18 +1,30 @@
 """Ok-Topk sparse allreduce (Li & Hoefler, "Near-Optimal Sparse Allreduce", PPoPP 2022), DESIGN 4.
 
 One step on every rank r, with acc = grad + residual and k = density * n:
-  1. local selection S_r = {i : |acc_i| >= local threshold}; the threshold is exact (k-th largest
-     |acc|) every `local_threshold_interval` steps and on the first, reused and nudged in between;
-  2. every `repartition_interval` steps (and the first) the index space is cut into P contiguous
-     regions holding about equal numbers of selected entries (global histogram, one allreduce);
-  3. reduce: the pairs of S_r in region j go to rank j (point-to-point, destination rotation);
-     each owner sums what arrives for its region with its own pairs;
-  4. global selection inside each region: |reduced| >= global threshold, exact (global k-th
-     largest over all regions, radix select with summed histograms) every
-     `global_threshold_interval` steps, reused and nudged in between;
-  5. the selected pairs are re-blocked so every rank holds about total/P, then allgathered.
-The base class divides by P and clears exactly applied = S_r intersected with G in the residual.
-Volume per rank ~ 4k(P-1)/P words (reduce + allgather), below the paper's 6k(P-1)/P bound.
+  1. local selection S_r = {i : |acc_i| >= local threshold}. The threshold is exact (the k-th
+     largest |acc|, compression.selection.topk_threshold_select) on the first step and every
+     `local_threshold_interval` steps; in between it is reused and nudged (see `nudged`), and
+     recomputed exactly at once if the reused one selects outside [k/2, 2k] (the guard);
+  2. on the first step, every `repartition_interval` steps, and on steps 1, 2, 4, ... before the
+     first interval, [0, n) is cut into P contiguous regions holding about equal numbers of
+     selected entries (a global count histogram: one allreduce); every rank gets the same cuts;
+  3. reduce: the pairs of S_r in region j go to rank j, point-to-point after one count exchange,
+     with destination rotation (round i sends to rank+i, receives from rank-i); each owner sums
+     what arrives for its region with its own pairs;
+  4. global selection inside each region: |reduced| >= global threshold, exact (the k-th largest
+     over all regions: radix select whose histograms are allreduced) on the first step and every
+     `global_threshold_interval` steps, reused/nudged/guarded in between like the local one;
+  5. the selected pairs are re-blocked (one alltoallv) so rank q holds the q-th contiguous block of
+     about total/P pairs, then allgathered (allgatherv); all ranks get them sorted by index.
+The base class divides by P and clears exactly applied = S_r ∩ G from the residual, computed with
+an order-free membership test (the original intersected unsorted arrays and left residuals
+uncleared on recompute steps). P = 1 runs the same code: no transfers, G = S_0 above the global
+threshold. Volume per rank ~ 2k(P-1)/P words for the reduce + 2k(P-1)/P for the allgather, plus
+small count/histogram exchanges, below the paper's 6k(P-1)/P bound.
+
+Point-to-point rather than alltoallv for the reduce: the rotation is the algorithm's, not left to
+the MPI library, empty messages are skipped, and the same isend/irecv calls exist in
+torch.distributed. (On this project's 2-core machine a timing comparison would be noise.)
 """
 from __future__ import annotations
 
@@ -116,13 +128,12 @@ class OkTopk(SparseCompressor):
     # ------------------------------------------------------------------ one step
     def exchange(self, acc: torch.Tensor, step: int) -> Exchange:
         comm, k = self.comm, self.k
-        due = lambda interval: self.sparse_steps % interval == 0  # noqa: E731 (the first step is due)
         repartition = self._repartition_due()
         figures = {f"{d}_{phase}": 0.0 for phase in PHASES for d in ("bytes_recv", "bytes_sent", "seconds")}
 
         # 1. local selection
         with Timer() as t_local:
-            idx, recomputed_local, guard_local = self._select_local(acc, due(self.local_threshold_interval))
+            idx, recomputed_local, guard_local = self._select_local(acc, self._due(self.local_threshold_interval))
             vals = acc[idx]
         local_threshold_used = self.local_threshold
 
@@ -138,7 +149,7 @@ class OkTopk(SparseCompressor):
         # 4. global selection inside my region
         with Timer() as t_global:
             g_idx, g_vals, counts, recomputed_global, guard_global = self._select_global(
-                region_idx, region_vals, due(self.global_threshold_interval), figures
+                region_idx, region_vals, self._due(self.global_threshold_interval), figures
             )
         global_threshold_used = self.global_threshold
 
@@ -229,6 +240,9 @@ class OkTopk(SparseCompressor):
         with self._phase(figures, "global_count"):
             counts = comm.allgather_int(g_idx.numel())
         return g_idx, g_vals, counts, True, not due
+
+    def _due(self, interval: int) -> bool:
+        return self.sparse_steps % interval == 0  # the first step is always due
 
     def _repartition_due(self) -> bool:
         """Every `repartition_interval` steps, and more often at first: on steps 1, 2, 4, 8, ...
