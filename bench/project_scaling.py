@@ -247,8 +247,8 @@ def trend_text(df: pd.DataFrame) -> str:
         others = [a for a in by_P[Ps[0]].index if a not in ("oktopk", "dense")]
         if others:
             lead = {P: min(by_P[P].loc[a, "comm_ms"] for a in others) / by_P[P].loc["oktopk", "comm_ms"] for P in Ps}
-            lines.append(f"Its communication time is {lead[Ps[0]]:.1f}x below the next-best sparse scheme at "
-                         f"P={Ps[0]} and {lead[Ps[-1]]:.1f}x below at P={Ps[-1]}.")
+            lines.append(f"The next-best sparse scheme's communication time over Ok-Topk's: {lead[Ps[0]]:.2f}x at "
+                         f"P={Ps[0]}, {lead[Ps[-1]]:.2f}x at P={Ps[-1]}.")
     if "oktopk" in df.algorithm.values and "density" in df:
         ok = df[(df.algorithm == "oktopk") & (df.P > 1)]
         unit = WORD * ok.density * ok.numel * (ok.P - 1) / ok.P  # bytes of k(P-1)/P words
