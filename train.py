@@ -75,8 +75,8 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict:
         results = trainer.fit()
     finally:
         log.close()
-    log.info(f"done: {cfg.run_dir}  " + "  ".join(f"{split} {k} {v:.4f}" for split, summary in results.items()
-                                                  for k, v in summary.items()))
+    log.info(f"done: {cfg.run_dir}" + "".join(f"  {split} {k} {v:.4f}" for split, summary in results.items()
+                                             for k, v in summary.items()))
     return results
 
 

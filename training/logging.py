@@ -1,5 +1,7 @@
 """Run logging on rank 0: console lines, TensorBoard scalars and metrics.jsonl (DESIGN 8).
 
+metrics.jsonl: one JSON object per line, {"kind": train|epoch|val|test, "step": optimizer steps taken,
+"epoch": epochs completed, "time": unix time, <tag>: value, ...} with the TensorBoard tags as keys.
 Other ranks hold a disabled logger (every call is a no-op), so the trainer calls it unconditionally.
 Values that are not finite are never written (they are reported instead): a JSON or TensorBoard
 curve never contains NaN.

@@ -112,15 +112,17 @@ class Trainer:
         last dev and test summaries."""
         cfg, log = self.cfg, self.log
         self.broadcast_state()
+        c = cfg.compression
+        exchange = "dense allreduce" if c.algorithm == "dense" else (
+            f"{c.algorithm} at density {c.density:g} after {self.warmup_steps} dense warm-up steps")
         log.info(f"{self.total_steps} optimizer steps ({self.steps_per_epoch} per epoch, global batch "
-                 f"{cfg.train.global_batch_size} on {self.comm.size} ranks); "
-                 f"{self.flat_grad.numel():,} parameters; compression {cfg.compression.algorithm} "
-                 f"density {cfg.compression.density:g} after {self.warmup_steps} dense warm-up steps")
+                 f"{cfg.train.global_batch_size} on {self.comm.size} rank(s)); {self.flat_grad.numel():,} "
+                 f"parameters; gradient exchange: {exchange}")
         self.t_start, self.step_start = time.perf_counter(), self.step
         switch_logged, results = cfg.compression.algorithm == "dense", {}
         while self.epoch < cfg.train.epochs:
             self.sampler.set_epoch(self.epoch, start_batch=self.batch_in_epoch)
-            t_last = time.perf_counter()
+            t_last = self.epoch_sums.t0 = time.perf_counter()
             for batch in make_loader(self.train_set, self.sampler, cfg.data.num_workers):
                 if not switch_logged and self.step >= self.warmup_steps:
                     log.info(f"step {self.step}: {cfg.compression.algorithm} replaces dense allreduce "
