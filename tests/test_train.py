@@ -151,3 +151,18 @@ def test_sampler_gives_every_rank_the_same_number_of_steps(tiny_manifest):
     dataset = SpeechDataset(tiny_manifest)
     counts = {len(BucketingSampler(dataset.durations, 4, r, 2, seed=1)) for r in range(2)}
     assert counts == {2}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-n", "0"], "-n must be a positive integer"),
+    (["-n", "two"], "-n must be a positive integer"),
+    (["-c", "configs/missing.yaml"], "config file 'configs/missing.yaml' does not exist"),
+    (["train.epochs"], "'train.epochs' is not a key.sub=value override"),
+])
+def test_run_local_refuses_bad_arguments_before_doing_anything(args, message):
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "run_local.sh"
+    proc = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
