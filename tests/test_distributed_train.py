@@ -49,3 +49,21 @@ def test_ranks_with_different_configs_are_refused(an4_manifests, tmp_path):
     assert "seed: rank 0 has 0, rank 1 has 1" in proc.stderr, proc.stderr
     assert "finished normally" not in proc.stdout
     assert not (tmp_path / "mismatch").exists()  # refused before anything was written
+
+
+def test_sharded_evaluation_equals_one_process(an4_manifests, tmp_path):
+    """evaluate.py under 2 ranks (each scores part of dev, the sums are allreduced) prints exactly the
+    single-process figures."""
+    from tests.mpi.train_common import run_training, tiny_overrides
+
+    run_training(tiny_overrides(an4_manifests, tmp_path, "ev", train__epochs=1, data__test_manifest="''"))
+    args = ["evaluate.py", str(tmp_path / "ev" / "checkpoints" / "last.pt"),
+            "--manifest", str(an4_manifests / "an4_dev.csv"), "--worst", "0", "--batch-size", "16"]
+    def figures(out):
+        pairs = [line.split() for line in out.splitlines() if line.startswith("  ") and len(line.split()) == 2]
+        return {key: float(value) for key, value in pairs}
+
+    single, sharded = figures(check_mpi(1, args)), figures(check_mpi(2, args))
+    assert set(single) == {"wer", "cer", "wer_utt_mean", "loss"}, single
+    assert {k: single[k] for k in ("wer", "cer", "wer_utt_mean")} == {k: sharded[k] for k in ("wer", "cer", "wer_utt_mean")}
+    assert sharded["loss"] == pytest.approx(single["loss"], rel=1e-5)  # float sums in another order
