@@ -36,7 +36,7 @@ def test_an_exception_on_rank_1_ends_every_rank_promptly(an4_manifests, tmp_path
     proc = run_mpi(2, ["tests/mpi/train_fail.py", str(an4_manifests), str(tmp_path)], timeout=120)
     ended = time.time()
     assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert "rank 1: RuntimeError: injected failure at step 3" in proc.stderr, proc.stderr
+    assert "rank 1: RuntimeError: injected failure at step 3" in proc.stderr, proc.stdout + proc.stderr
     assert "finished normally" not in proc.stdout
     injected = float(re.search(r"INJECTED (\d+\.\d+)", proc.stderr).group(1))
     assert ended - injected < 10, f"the job took {ended - injected:.1f} s to end after the failure"

@@ -6,6 +6,7 @@ import os
 import random
 import socket
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -65,4 +66,7 @@ def run_or_abort(comm, fn, *args):
             raise
         print(f"rank {comm.rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         traceback.print_exc()
+        sys.stderr.flush()
+        if comm.size > 1:
+            time.sleep(1.0)  # let the launcher forward this message before MPI_Abort tears the job down
         comm.abort(1)
