@@ -123,7 +123,8 @@ class Trainer:
         while self.epoch < cfg.train.epochs:
             self.sampler.set_epoch(self.epoch, start_batch=self.batch_in_epoch)
             t_last = self.epoch_sums.t0 = time.perf_counter()
-            for batch in make_loader(self.train_set, self.sampler, cfg.data.num_workers):
+            for batch in make_loader(self.train_set, self.sampler, cfg.data.num_workers,
+                                     pin_memory=self.device.type == "cuda"):
                 if not switch_logged and self.step >= self.warmup_steps:
                     log.info(f"step {self.step}: {cfg.compression.algorithm} replaces dense allreduce "
                              f"(compression.warmup_steps resolved to {self.warmup_steps})")
