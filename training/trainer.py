@@ -17,6 +17,7 @@ import time
 import torch
 
 from compression import build_compressor
+from compression.base import all_finite
 from compression.dense import DenseAllreduce
 from data.dataset import BucketingSampler, make_loader
 from data.text import BLANK
@@ -101,7 +102,7 @@ class Trainer:
     def finite_on_all_ranks(self, loss: torch.Tensor) -> bool:
         """A GLOBAL decision (allreduce max of a flag): ranks must skip together or the next
         collective would deadlock."""
-        bad = not (bool(torch.isfinite(loss)) and bool(torch.isfinite(self.flat_grad).all()))
+        bad = not (bool(torch.isfinite(loss)) and all_finite(self.flat_grad))
         flag = torch.tensor([float(bad)])
         self.comm.allreduce_(flag, op="max")
         return flag.item() == 0.0
