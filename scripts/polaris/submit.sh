@@ -8,7 +8,7 @@ source "$REPO/scripts/lib/args.sh"
 usage() {
     cat <<'EOF'
 usage: scripts/polaris/submit.sh -c CONFIG -A ACCOUNT [options] [key=value ...]
-  -c, --config FILE      experiment config (required), e.g. configs/an4_lstman4.yaml
+  -c, --config FILE      experiment config (required), e.g. configs/lstman4_oktopk.yaml
   -A, --account NAME     project to charge (required on Polaris)
   -N, --nodes N          nodes (default 1); ranks = N x ppn
       --ppn R            ranks (GPUs) per node, 1-4 (default 4)

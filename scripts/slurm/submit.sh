@@ -8,7 +8,7 @@ source "$REPO/scripts/lib/args.sh"
 usage() {
     cat <<'EOF'
 usage: scripts/slurm/submit.sh -c CONFIG [options] [key=value ...]
-  -c, --config FILE       experiment config (required), e.g. configs/an4_lstman4.yaml
+  -c, --config FILE       experiment config (required), e.g. configs/lstman4_oktopk.yaml
   -N, --nodes N           nodes (default 1); ranks = N x ppn
       --ppn R             ranks (one GPU each) per node (default 4)
   -t, --walltime T        HH:MM:SS (default 01:00:00)
