@@ -129,31 +129,33 @@ def header(machine: dict, batch: dict, args, P: int) -> str:
         f"{args.steps} measured steps after {args.warmup} discarded",
         f"machine: {machine['host']}, {machine['cpus']} CPUs ({machine['usable_cpus']} usable), "
         f"{machine['ranks_per_node']} rank(s) on this node x {machine['threads_per_rank']} torch thread(s), "
-        f"device {machine['device']}, torch {machine['torch']}",
+        f"device {machine['device']}, torch {machine['torch']}; 1-min load average at the start "
+        f"{machine['load_average_1min']:.2f} (above the core count: other processes compete for the cores)",
         f"batch: global {batch['global_batch']} ({batch['per_rank']} per rank), the same real AN4 utterances "
         f"for every row: mean {batch['mean_seconds']:.2f} s (min {batch['min_seconds']:.2f}, max "
         f"{batch['max_seconds']:.2f}); features precomputed (data loading not timed)",
     ]
     if machine["oversubscribed"]:
         lines.append(f"NOTE: {machine['ranks_per_node']} ranks x {machine['threads_per_rank']} threads share "
-                     f"{machine['usable_cpus']} cores: ranks wait for a core, so compute is inflated and "
-                     "communication includes waiting for the other ranks' compute.")
+                     f"{machine['usable_cpus']} cores: ranks wait for a core, so compute is inflated, and the "
+                     "time ranks wait for each other (in 'other' and communication) too.")
     return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| algorithm | P | model | parameters | compute s/step | selection s/step | communication s/step "
+    lines = ["| algorithm | P | model | parameters | compute s/step [max rank] | selection s/step | communication s/step "
              "| other s/step | total s/step [max rank] | (comm+sel)/compute | recv bytes/step | threads/rank | device |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['algorithm']} | {r['P']} | {r['model']} | {r['parameters']:,} | {r['t_compute_mean']:.4f} "
+            f"[{r['t_compute_max']:.4f}] "
             f"| {r['t_select_mean']:.4f} | {r['t_comm_mean']:.4f} | {r['t_other_mean']:.4f} "
             f"| {r['t_step_mean']:.4f} [{r['t_step_max']:.4f}] | {r['comm_select_pct_of_compute']:.1f}% "
             f"| {r['bytes_recv_mean']:,.0f} | {r['threads_per_rank']} | {r['device']} |")
     lines += ["", "Times are means over ranks of each rank's mean over the measured steps. other = the rest of "
-              "train_step (finite check, where ranks wait for the slowest backward; update scatter, residual "
-              "bookkeeping, clipping, SGD). recv bytes: "
+              "train_step: the finite check, where ranks wait for the slowest backward (so other grows with "
+              "compute max - mean), update scatter, residual bookkeeping, clipping, SGD. recv bytes: "
               "application-level bytes received per rank per step (DESIGN 3), mean over ranks."]
     notes = [f"{r['algorithm']}: of {r['steps']} measured steps, "
              + ", ".join(f"{v} did the {k.replace('_', ' ')}" for k, v in r["recomputed"].items())
@@ -180,7 +182,7 @@ def run(args, comm) -> list[dict]:
     device_name = str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
     machine = {"host": socket.gethostname(), "cpus": os.cpu_count(), "usable_cpus": usable,
                "ranks_per_node": local_size, "threads_per_rank": threads, "device": device_name,
-               "torch": torch.__version__,
+               "torch": torch.__version__, "load_average_1min": os.getloadavg()[0],
                "oversubscribed": device.type == "cpu" and local_size * threads > usable}
     batch_info = {"global_batch": args.global_batch, "per_rank": args.global_batch // comm.size,
                   "mean_seconds": float(seconds.mean()), "min_seconds": float(seconds.min()),
