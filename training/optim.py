@@ -30,7 +30,9 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def clip_grad_norm_(flat_grad: torch.Tensor, max_norm: float) -> float:
     """Scale the (already synchronised) flat gradient to L2 norm <= max_norm; return the norm before.
     Every rank holds the same gradient, so every rank computes the same scale."""
-    norm = float(torch.linalg.vector_norm(flat_grad, dtype=torch.float64))
+    # float32 accumulation (PyTorch reduces pairwise): asking for float64 would first copy the whole
+    # gradient to doubles, which dominated the step for lstman4 on CPU. Identical on every rank either way.
+    norm = float(torch.linalg.vector_norm(flat_grad))
     if max_norm > 0 and norm > max_norm:
         flat_grad.mul_(max_norm / (norm + 1e-6))
     return norm
