@@ -22,11 +22,14 @@ decades, times Student-t (3 degrees of freedom) entries.
 """
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from compression.selection import kth_largest_magnitude_radix, threshold_indices, topk_threshold_select
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from compression.selection import kth_largest_magnitude_radix, threshold_indices, topk_threshold_select  # noqa: E402
 
 LSTMAN4_NUMEL = 27_569_568
 
