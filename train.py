@@ -24,19 +24,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_dataset(manifest: str, limit: int):
-    """The manifest's utterances, or only its `limit` shortest (quick runs; 0 = all)."""
+def load_dataset(manifest: str, limit: int, augment=None, seed: int = 0):
+    """The manifest's utterances, or only its `limit` shortest (quick runs; 0 = all); `augment`
+    (a data.audio.SpecAugment) for the training set only."""
     from data.dataset import SpeechDataset
     from data.manifest import read_manifest
 
     df = read_manifest(manifest)
     if limit:
         df = df.sort_values(["duration", "utt_id"], kind="stable").head(limit)
-    return SpeechDataset(df)
+    return SpeechDataset(df, augment=augment, seed=seed)
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> dict:
     # Heavy imports here, so that argument errors are instant.
+    from data.audio import SpecAugment
     from models import build_model
     from training.checkpoint import atomic_write_text, load_checkpoint
     from training.logging import RunLogger
@@ -63,7 +65,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict:
         atomic_write_text(cfg.run_dir / "config.yaml", to_yaml(cfg))
     log.info(f"run {cfg.run_dir} on {comm.size} rank(s), device {device}, {threads} CPU thread(s) per rank\n"
              f"--- resolved config\n{to_yaml(cfg)}---")
-    train_set = load_dataset(cfg.data.train_manifest, cfg.data.max_train_utterances)
+    d = cfg.data
+    augment = SpecAugment(d.freq_masks, d.freq_mask_width, d.time_masks, d.time_mask_width, d.time_mask_max_fraction)
+    train_set = load_dataset(d.train_manifest, d.max_train_utterances, augment, seed=cfg.seed)
     dev_set = load_dataset(cfg.data.dev_manifest, cfg.data.max_eval_utterances)
     test_set = load_dataset(cfg.data.test_manifest, cfg.data.max_eval_utterances) if cfg.data.test_manifest else None
     log.info(f"data: {len(train_set)} train, {len(dev_set)} dev, {len(test_set) if test_set else 0} test utterances")

@@ -1,4 +1,4 @@
-"""Audio loading (soundfile: WAV and NIST SPHERE) and spectrogram features (DESIGN 6)."""
+"""Audio loading (soundfile: WAV and NIST SPHERE), spectrogram features and their training augmentation (DESIGN 6)."""
 from __future__ import annotations
 
 import struct
@@ -90,3 +90,54 @@ class FeatureExtractor:
             spec = torch.log1p(self.spectrogram(wave.float()))
             std = spec.std().clamp_min(1e-5)  # a silent (constant) input must not give NaN
             return (spec - spec.mean()) / std
+
+
+class SpecAugment:
+    """Frequency and time masking of normalised features (SpecAugment, Park et al. 2019, without
+    time warping), for training only.
+
+    `freq_masks` bands of width uniform in [0, freq_mask_width] bins and `time_masks` bands of width
+    uniform in [0, min(time_mask_width, time_mask_max_fraction * T)] frames are set to 0, the
+    utterance mean after normalisation; each band's start is uniform over the positions where it
+    fits, and bands may overlap. 0 masks of both kinds = off.
+
+    The caller passes the random generator, so that an item's masks can be a pure function of
+    (seed, epoch, item): see SpeechDataset.set_epoch."""
+
+    def __init__(self, freq_masks: int = 0, freq_mask_width: int = 15, time_masks: int = 0,
+                 time_mask_width: int = 25, time_mask_max_fraction: float = 0.1):
+        if freq_masks < 0 or time_masks < 0:
+            raise ValueError(f"mask counts must be >= 0, got freq_masks={freq_masks}, time_masks={time_masks}")
+        if freq_mask_width < 1 or time_mask_width < 1:
+            raise ValueError(f"mask widths must be >= 1, got freq_mask_width={freq_mask_width}, "
+                             f"time_mask_width={time_mask_width}")
+        if not 0 < time_mask_max_fraction <= 1:
+            raise ValueError(f"time_mask_max_fraction must be in (0, 1], got {time_mask_max_fraction}")
+        self.freq_masks, self.freq_mask_width = freq_masks, freq_mask_width
+        self.time_masks, self.time_mask_width = time_masks, time_mask_width
+        self.time_mask_max_fraction = time_mask_max_fraction
+
+    @property
+    def enabled(self) -> bool:
+        return self.freq_masks > 0 or self.time_masks > 0
+
+    def __call__(self, feats: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        """(bins, T) -> a masked copy of the same shape."""
+        if feats.dim() != 2:
+            raise ValueError(f"expected (bins, frames) features, got shape {tuple(feats.shape)}")
+        bins, frames = feats.shape
+        out = feats.clone()
+        max_time_width = min(self.time_mask_width, int(self.time_mask_max_fraction * frames))
+        for _ in range(self.freq_masks):
+            start, width = _band(rng, bins, min(self.freq_mask_width, bins))
+            out[start:start + width, :] = 0
+        for _ in range(self.time_masks):
+            start, width = _band(rng, frames, max_time_width)
+            out[:, start:start + width] = 0
+        return out
+
+
+def _band(rng: np.random.Generator, size: int, max_width: int) -> tuple[int, int]:
+    """(start, width): width uniform in [0, max_width], start uniform in [0, size - width]."""
+    width = int(rng.integers(0, max_width + 1))
+    return int(rng.integers(0, size - width + 1)), width

@@ -8,20 +8,33 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader
 
-from data.audio import AudioError, FeatureExtractor, load_audio
+from data.audio import AudioError, FeatureExtractor, SpecAugment, load_audio
 from data.manifest import read_manifest
 from data.text import text_to_ids
+
+
+# Last word of the augmentation generators' seed: numpy pads short seed lists with zeros, so without
+# it item 0's [seed, epoch, 0] would give the same stream as the sampler's [seed, epoch] shuffle.
+AUGMENT_STREAM = 0x5EC
 
 
 class SpeechDataset(torch.utils.data.Dataset):
     """Utterances of a manifest (path or DataFrame from read_manifest). Item i is
     (features (bins, T) float32, target LongTensor of label ids, i). Transcripts are encoded once
-    up front, so a bad character is reported at construction, naming the manifest line."""
+    up front, so a bad character is reported at construction, naming the manifest line.
 
-    def __init__(self, manifest, features: FeatureExtractor | None = None):
+    `augment` (training sets only) masks the features of item i in epoch e with a generator seeded
+    by (seed, e, i): the masks do not depend on the order items are read in, the DataLoader
+    workers, the rank, or where a resumed run starts, and they never touch the global RNGs. The
+    trainer calls set_epoch(e) before each epoch, as it does for the sampler."""
+
+    def __init__(self, manifest, features: FeatureExtractor | None = None, augment: SpecAugment | None = None,
+                 seed: int = 0):
         df = manifest if isinstance(manifest, pd.DataFrame) else read_manifest(manifest)
         self.source = df.attrs.get("manifest", "<DataFrame>")
         self.features = features if features is not None else FeatureExtractor()
+        self.augment = augment if augment is not None and augment.enabled else None
+        self.seed, self.epoch = seed, 0
         self.audio = df["audio"].tolist()
         self.durations = df["duration"].to_numpy(dtype=float)
         self.transcripts = df["transcript"].tolist()
@@ -39,12 +52,18 @@ class SpeechDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.audio)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose augmentation masks items get (no effect without `augment`)."""
+        self.epoch = epoch
+
     def __getitem__(self, i: int):
         wave = load_audio(self.audio[i], self.features.sample_rate)
         try:
             feats = self.features(wave)
         except ValueError as e:
             raise AudioError(f"{self.audio[i]}: {e}") from None
+        if self.augment is not None:
+            feats = self.augment(feats, np.random.default_rng([self.seed, self.epoch, i, AUGMENT_STREAM]))
         return feats, self.targets[i], i
 
 

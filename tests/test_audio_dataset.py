@@ -4,7 +4,7 @@ import pytest
 import soundfile
 import torch
 
-from data.audio import AudioError, FeatureExtractor, load_audio
+from data.audio import AudioError, FeatureExtractor, SpecAugment, load_audio
 from data.dataset import BucketingSampler, SpeechDataset, collate, make_loader
 from data.manifest import read_manifest
 from data.text import text_to_ids
@@ -144,6 +144,122 @@ def test_loader_yields_sampler_batches(tiny_manifest):
         batches = list(make_loader(dataset, sampler, num_workers=workers))
         assert [sorted(b.indices) for b in batches] == [sorted(s) for s in sampler]
         assert len(batches) == len(sampler) == 2
+
+
+
+# ---------------------------------------------------------------- augmentation
+
+def masked_rows_and_columns(original, masked):
+    """Check that `masked` is `original` with some whole rows (bins) and whole columns (frames) set
+    to exactly 0 and everything else bit-identical; return the sorted (rows, columns) indices."""
+    assert masked.shape == original.shape and masked.dtype == original.dtype
+    assert (original != 0).all()  # so every zero in `masked` comes from a mask
+    zero = masked == 0
+    rows, columns = zero.all(1).nonzero().flatten(), zero.all(0).nonzero().flatten()
+    expected = torch.zeros_like(zero)
+    expected[rows, :] = True
+    expected[:, columns] = True
+    assert torch.equal(zero, expected), "zeros outside whole masked rows/columns"
+    assert torch.equal(masked[~zero], original[~zero])
+    return rows.tolist(), columns.tolist()
+
+
+def runs(indices):
+    """Lengths of the runs of consecutive integers in a sorted list."""
+    lengths = []
+    for k, i in enumerate(indices):
+        if k and i == indices[k - 1] + 1:
+            lengths[-1] += 1
+        else:
+            lengths.append(1)
+    return lengths
+
+
+def test_spec_augment_masks_whole_bands_only(tiny):
+    feats = FeatureExtractor()(load_audio(tiny["audio"][7]))
+    frames = feats.shape[1]
+    augment = SpecAugment(freq_masks=2, freq_mask_width=15, time_masks=2, time_mask_width=25,
+                          time_mask_max_fraction=0.1)
+    time_cap = min(25, int(0.1 * frames))  # 0.1 * T caps the width of these short utterances
+    assert 1 <= time_cap < 25
+    seen_masked = False
+    for seed in range(50):
+        before = feats.clone()
+        rows, columns = masked_rows_and_columns(feats, augment(feats, np.random.default_rng(seed)))
+        assert torch.equal(feats, before)  # the input is not modified
+        assert len(rows) <= 2 * 15 and len(runs(rows)) <= 2  # two bands, which may overlap
+        assert len(columns) <= 2 * time_cap and len(runs(columns)) <= 2
+        seen_masked |= bool(rows) and bool(columns)
+    assert seen_masked
+    assert torch.equal(SpecAugment()(feats, np.random.default_rng(0)), feats)  # 0 masks = off
+    assert not SpecAugment().enabled and SpecAugment(time_masks=1).enabled
+
+
+def test_spec_augment_widths_and_positions_are_uniform_over_their_range(tiny):
+    """One mask of each kind: over many draws every width 0..max occurs (max capped by the time
+    fraction), none beyond it, and bands reach both edges of the spectrogram."""
+    feats = FeatureExtractor()(load_audio(tiny["audio"][7]))
+    bins, frames = feats.shape
+    time_cap = min(25, int(0.1 * frames))
+    augment = SpecAugment(freq_masks=1, freq_mask_width=15, time_masks=1, time_mask_width=25)
+    widths_f, widths_t, rows_hit, columns_hit = set(), set(), set(), set()
+    for seed in range(400):
+        rows, columns = masked_rows_and_columns(feats, augment(feats, np.random.default_rng(seed)))
+        assert runs(rows) in ([], [len(rows)]) and runs(columns) in ([], [len(columns)])  # one band each
+        widths_f.add(len(rows))
+        widths_t.add(len(columns))
+        rows_hit.update(rows)
+        columns_hit.update(columns)
+    assert widths_f == set(range(16)) and widths_t == set(range(time_cap + 1))
+    assert {0, bins - 1} <= rows_hit and {0, frames - 1} <= columns_hit
+
+
+def test_spec_augment_rejects_bad_settings():
+    for kwargs, message in [({"freq_masks": -1}, "mask counts"), ({"time_mask_width": 0}, "mask widths"),
+                            ({"time_mask_max_fraction": 0}, "time_mask_max_fraction"),
+                            ({"time_mask_max_fraction": 1.5}, "time_mask_max_fraction")]:
+        with pytest.raises(ValueError, match=message):
+            SpecAugment(**kwargs)
+    with pytest.raises(ValueError, match="bins, frames"):
+        SpecAugment(freq_masks=1)(torch.ones(3, 4, 5), np.random.default_rng(0))
+
+
+def test_dataset_without_masks_is_bit_identical(tiny_manifest):
+    plain = SpeechDataset(tiny_manifest)
+    off = SpeechDataset(tiny_manifest, augment=SpecAugment(freq_masks=0, time_masks=0), seed=3)
+    assert off.augment is None
+    off.set_epoch(5)
+    for i in range(len(plain)):
+        assert torch.equal(off[i][0], plain[i][0])
+
+
+def test_dataset_masks_are_a_function_of_seed_epoch_and_item(tiny_manifest):
+    plain = SpeechDataset(tiny_manifest)
+    augment = SpecAugment(freq_masks=2, time_masks=2)
+
+    def features(seed, epoch, workers=0):
+        dataset = SpeechDataset(tiny_manifest, augment=augment, seed=seed)
+        dataset.set_epoch(epoch)
+        loader = make_loader(dataset, BucketingSampler(dataset.durations, 4, seed=seed), num_workers=workers)
+        return {i: batch.features[b, 0, :, : batch.feature_lengths[b]]
+                for batch in loader for b, i in enumerate(batch.indices)}
+
+    torch.manual_seed(0)
+    reference = features(seed=1, epoch=0)
+    state = torch.get_rng_state()
+    again = SpeechDataset(tiny_manifest, augment=augment, seed=1)
+    items = {i: again[i][0] for i in reversed(range(len(again)))}  # another order, another torch RNG state
+    assert torch.equal(torch.get_rng_state(), state)  # the masks never draw from the global RNG
+    torch.manual_seed(123)
+    for other in (items, features(seed=1, epoch=0), features(seed=1, epoch=0, workers=1)):
+        assert other.keys() == reference.keys() and all(torch.equal(other[i], reference[i]) for i in reference)
+    masked = 0
+    for i, feats in reference.items():
+        rows, columns = masked_rows_and_columns(plain[i][0], feats)
+        masked += len(rows) + len(columns)
+    assert masked > 0
+    for changed in (features(seed=1, epoch=1), features(seed=2, epoch=0)):
+        assert any(not torch.equal(changed[i], reference[i]) for i in reference)
 
 
 # ---------------------------------------------------------------- sampler

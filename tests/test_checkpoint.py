@@ -75,9 +75,15 @@ def assert_same_losses(a_dir, b_dir, steps):
         assert a[step] == pytest.approx(b[step], rel=1e-6), (step, a[step], b[step])
 
 
-def test_two_epochs_equal_one_epoch_resume_one_epoch(an4_manifests, tmp_path):
+# Feature masking (off by default) must not break exact resume: its masks depend on (seed, epoch, item).
+AUGMENTATION = {"off": {}, "on": dict(data__freq_masks=2, data__time_masks=2)}
+
+
+@pytest.mark.parametrize("augmentation", AUGMENTATION)
+def test_two_epochs_equal_one_epoch_resume_one_epoch(an4_manifests, tmp_path, augmentation):
     # 16 utterances, batch 4: 4 steps per epoch. lr_anneal makes epoch 2 use another learning rate.
-    settings = dict(train__epochs=2, optim__lr=1e-3, optim__lr_warmup_steps=3, train__eval_every_epochs=1)
+    settings = dict(train__epochs=2, optim__lr=1e-3, optim__lr_warmup_steps=3, train__eval_every_epochs=1,
+                    **AUGMENTATION[augmentation])
     full = run_training(tiny_overrides(an4_manifests, tmp_path, "full", **settings))
     run_training(tiny_overrides(an4_manifests, tmp_path, "parts", **{**settings, "train__epochs": 1}))
     resumed = run_training(tiny_overrides(an4_manifests, tmp_path, "parts", **settings),
@@ -87,10 +93,11 @@ def test_two_epochs_equal_one_epoch_resume_one_epoch(an4_manifests, tmp_path):
     assert resumed["dev"] == pytest.approx(full["dev"]) and resumed["test"] == pytest.approx(full["test"])
 
 
-def test_resume_mid_epoch_after_a_crash(an4_manifests, tmp_path, monkeypatch):
+@pytest.mark.parametrize("augmentation", AUGMENTATION)
+def test_resume_mid_epoch_after_a_crash(an4_manifests, tmp_path, monkeypatch, augmentation):
     """A checkpoint every 3 steps; the run dies at step 7 (epoch 2, third batch). Resuming from
     last.pt (written at step 6, mid-epoch: sampler position 2 of 4) continues the same curve."""
-    settings = dict(train__epochs=2, optim__lr=1e-3, train__checkpoint_every_steps=3)
+    settings = dict(train__epochs=2, optim__lr=1e-3, train__checkpoint_every_steps=3, **AUGMENTATION[augmentation])
     run_training(tiny_overrides(an4_manifests, tmp_path, "full", **settings))
 
     original = Trainer.train_step

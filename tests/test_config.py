@@ -60,6 +60,13 @@ def test_file_values_and_overrides(tmp_path):
     ("", ["model.name=resnet"], "model.name", "model.name=resnet"),
     ("", ["train.global_batch_size=0"], "train.global_batch_size", "train.global_batch_size=0"),
     ("", ["name=a/b"], "name", "name=a/b"),
+    ("", ["data.freq_masks=-1"], "data.freq_masks", "data.freq_masks=-1"),
+    ("data:\n  time_masks: 1.5\n", [], "data.time_masks", "cfg.yaml"),
+    ("", ["data.freq_mask_width=0"], "data.freq_mask_width", "data.freq_mask_width=0"),
+    ("", ["data.time_mask_width=-3"], "data.time_mask_width", "data.time_mask_width=-3"),
+    ("", ["data.time_mask_max_fraction=0"], "data.time_mask_max_fraction", "data.time_mask_max_fraction=0"),
+    ("data:\n  time_mask_max_fraction: 1.2\n", [], "data.time_mask_max_fraction", "cfg.yaml"),
+    ("", ["data.time_masks_width=10"], "data.time_masks_width", "data.time_masks_width=10"),
 ])
 def test_bad_key_or_value_names_the_key(tmp_path, text, overrides, key, origin):
     path = write(tmp_path, text)
@@ -67,6 +74,16 @@ def test_bad_key_or_value_names_the_key(tmp_path, text, overrides, key, origin):
         load_config(path, overrides)
     message = str(err.value)
     assert key in message and origin in message, message
+
+
+def test_augmentation_is_off_by_default_and_configurable():
+    def settings(d):
+        return d.freq_masks, d.freq_mask_width, d.time_masks, d.time_mask_width, d.time_mask_max_fraction
+
+    assert settings(load_config(None).data) == (0, 15, 0, 25, 0.1)
+    cfg = load_config(None, ["data.freq_masks=2", "data.freq_mask_width=20", "data.time_masks=3",
+                             "data.time_mask_width=40", "data.time_mask_max_fraction=0.2"])
+    assert settings(cfg.data) == (2, 20, 3, 40, 0.2)
 
 
 def test_compression_options_checked_against_the_constructor(tmp_path):

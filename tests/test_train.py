@@ -2,6 +2,7 @@
 the flat gradient buffer, non-finite steps, evaluate.py."""
 import copy
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import evaluate
 from data.dataset import BucketingSampler, SpeechDataset, collate
+from data.manifest import read_manifest, write_manifest
 from models import build_model
 from tests.mpi.train_common import epoch_losses, read_metrics, run_training, step_losses, tiny_overrides
 from training.trainer import Trainer, attach_flat_grad
@@ -67,6 +69,33 @@ def test_smoke_end_to_end(tiny_manifest, tmp_path):
     assert all(e.value == 1.0 for e in events.Scalars("comm/dense"))
     assert all(e.value == 1.0 for e in events.Scalars("comm/density"))
     assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / "checkpoints" / "best.pt").is_file()
+
+
+def test_only_training_features_are_augmented(tiny_manifest, tmp_path, monkeypatch):
+    """Every item read during a run with masking on: training items are masked, with the epoch the
+    trainer selected; dev and test items never are. Without masking nothing is."""
+    original = SpeechDataset.__getitem__
+    reads = []
+
+    def getitem(self, i):
+        item = original(self, i)
+        reads.append((self.source, self.augment is not None, self.epoch, bool((item[0] == 0).all(1).any())))
+        return item
+
+    monkeypatch.setattr(SpeechDataset, "__getitem__", getitem)
+    for split in ("dev", "test"):  # the same utterances under other names, to tell the reads apart
+        write_manifest(read_manifest(tiny_manifest), tmp_path / f"an4_{split}.csv")
+    run_training(tiny_overrides(tmp_path, tmp_path, "aug", data__train_manifest=tiny_manifest, train__epochs=2,
+                                data__max_train_utterances=0, data__max_eval_utterances=0,
+                                data__freq_masks=3, data__freq_mask_width=30))
+    train, dev, test = ([r[1:] for r in reads if Path(r[0]).name == name]
+                        for name in ("tiny.csv", "an4_dev.csv", "an4_test.csv"))
+    assert len(train) == 16 and {r[:2] for r in train} == {(True, 0), (True, 1)}
+    assert sum(r[2] for r in train) >= 12  # 3 masks of width 0..30: a zeroed bin in (nearly) every item
+    assert len(dev) == 2 * 8 and len(test) == 8 and not any(r[0] or r[2] for r in dev + test)
+    reads.clear()
+    run_training(tiny_on(tiny_manifest, tmp_path, "plain", train__epochs=1, train__eval_every_epochs=0))
+    assert reads and not any(r[1] or r[3] for r in reads)
 
 
 def test_evaluate_cli(tiny_manifest, tmp_path, capsys):

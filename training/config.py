@@ -37,6 +37,13 @@ class DataConfig:
     # Quick runs: keep only the N shortest utterances (0 = all) of train, and of dev and test.
     max_train_utterances: int = 0
     max_eval_utterances: int = 0
+    # SpecAugment-style masking of the TRAINING features (dev/test never): N bands of width uniform in
+    # [0, width] bins / frames set to 0 (time bands at most time_mask_max_fraction of the utterance).
+    freq_masks: int = 0  # 0 = no frequency masking
+    freq_mask_width: int = 15
+    time_masks: int = 0  # 0 = no time masking
+    time_mask_width: int = 25
+    time_mask_max_fraction: float = 0.1
 
 
 @dataclass
@@ -219,6 +226,11 @@ def _check_values(cfg: Config, where) -> None:
     require(cfg.data.num_workers >= 0, "data.num_workers", "must be >= 0")
     require(cfg.data.max_train_utterances >= 0, "data.max_train_utterances", "must be >= 0 (0 = all)")
     require(cfg.data.max_eval_utterances >= 0, "data.max_eval_utterances", "must be >= 0 (0 = all)")
+    require(cfg.data.freq_masks >= 0, "data.freq_masks", "must be >= 0 (0 = off)")
+    require(cfg.data.freq_mask_width >= 1, "data.freq_mask_width", "must be >= 1")
+    require(cfg.data.time_masks >= 0, "data.time_masks", "must be >= 0 (0 = off)")
+    require(cfg.data.time_mask_width >= 1, "data.time_mask_width", "must be >= 1")
+    require(0 < cfg.data.time_mask_max_fraction <= 1, "data.time_mask_max_fraction", "must be in (0, 1]")
     require(o.lr > 0, "optim.lr", "must be > 0")
     require(0 <= o.momentum < 1, "optim.momentum", "must be in [0, 1)")
     require(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0")

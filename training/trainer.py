@@ -123,6 +123,7 @@ class Trainer:
         switch_logged, results = cfg.compression.algorithm == "dense", {}
         while self.epoch < cfg.train.epochs:
             self.sampler.set_epoch(self.epoch, start_batch=self.batch_in_epoch)
+            self.train_set.set_epoch(self.epoch)  # selects the epoch's augmentation masks
             t_last = self.epoch_sums.t0 = time.perf_counter()
             for batch in make_loader(self.train_set, self.sampler, cfg.data.num_workers,
                                      pin_memory=self.device.type == "cuda"):
