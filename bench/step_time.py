@@ -130,7 +130,9 @@ def header(machine: dict, batch: dict, args, P: int) -> str:
         f"machine: {machine['host']}, {machine['cpus']} CPUs ({machine['usable_cpus']} usable), "
         f"{machine['ranks_per_node']} rank(s) on this node x {machine['threads_per_rank']} torch thread(s), "
         f"device {machine['device']}, torch {machine['torch']}; 1-min load average at the start "
-        f"{machine['load_average_1min']:.2f} (above the core count: other processes compete for the cores)",
+        f"{machine['load_average_1min']:.2f}"
+        + (" (above the core count: other processes compete for the cores)"
+           if machine["load_average_1min"] > machine["usable_cpus"] else ""),
         f"batch: global {batch['global_batch']} ({batch['per_rank']} per rank), the same real AN4 utterances "
         f"for every row: mean {batch['mean_seconds']:.2f} s (min {batch['min_seconds']:.2f}, max "
         f"{batch['max_seconds']:.2f}); features precomputed (data loading not timed)",

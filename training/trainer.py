@@ -70,6 +70,7 @@ class Trainer:
         self.best_wer = math.inf
         self.cum_bytes_recv = 0.0  # this rank's, since the run started
         self.window, self.epoch_sums = Sums(STEP_KEYS), Sums(STEP_KEYS)  # this rank's running sums
+        self.extra_window = None  # the compressor's own figures (StepStats.extra), from its first step
 
     # ------------------------------------------------------------------------------ the step
     def forward_loss(self, batch) -> torch.Tensor:
@@ -97,7 +98,8 @@ class Trainer:
         self.step += 1
         return {"loss": float(loss.detach()), "grad_norm": grad_norm, "density": stats.density, "dense": float(stats.dense),
                 "bytes_sent": stats.bytes_sent, "bytes_recv": stats.bytes_recv, "dense_bytes": stats.dense_bytes,
-                "t_compute": t_compute, "t_select": stats.seconds_select, "t_comm": stats.seconds_comm}
+                "t_compute": t_compute, "t_select": stats.seconds_select, "t_comm": stats.seconds_comm,
+                "extra": stats.extra}
 
     def finite_on_all_ranks(self, loss: torch.Tensor) -> bool:
         """A GLOBAL decision (allreduce max of a flag): ranks must skip together or the next
@@ -142,6 +144,7 @@ class Trainer:
                 figures["t_step"], t_last = now - t_last, now
                 self.window.add(figures)
                 self.epoch_sums.add(figures)
+                self.add_extra(figures["extra"])
                 if self.step % cfg.train.log_every_steps == 0:
                     self.log_window(self.window)
                 if cfg.train.checksum_every and self.step % cfg.train.checksum_every == 0:
@@ -205,12 +208,31 @@ class Trainer:
             "comm/bytes_recv_max": m["bytes_recv_max"], "comm/cum_bytes_recv": m["cum_bytes_recv"],
             "comm/compression_ratio": m["compression_ratio"], "comm/dense": m["dense"],
             "time/compute": m["t_compute"], "time/selection": m["t_select"], "time/communication": m["t_comm"],
-            "time/step": m["t_step"]})
+            "time/step": m["t_step"], **self.reduce_extra()})
         done = self.step - self.step_start
         eta = (time.perf_counter() - self.t_start) / max(done, 1) * (self.total_steps - self.step)
         self.log.info(f"step {self.step}/{self.total_steps} epoch {self.epoch + 1} loss {m['loss']:.3f} lr {lr:.2e} "
                       f"samples/s {m['samples_per_sec']:.1f} density {m['density']:.4f} "
                       f"recv/step {format_bytes(m['bytes_recv'])} ETA {format_duration(eta)}")
+
+    def add_extra(self, extra: dict[str, float]) -> None:
+        """Sum the compressor's own figures like the others. An algorithm always reports the same
+        keys, so the window is made at its first step, which is the same step on every rank."""
+        if not extra:
+            return
+        if self.extra_window is None:
+            self.extra_window = Sums(sorted(extra))
+        self.extra_window.add(extra)
+
+    def reduce_extra(self) -> dict[str, float]:
+        """{comm/<algorithm>/<figure>: mean over the window and over ranks}. Collective."""
+        if self.extra_window is None or self.extra_window.count == 0:
+            return {}
+        table = gather_rows(self.comm, self.extra_window.to_tensor())
+        means = table[:, :-1].mean(0) / table[0, -1]
+        self.extra_window.reset()
+        name = self.cfg.compression.algorithm
+        return {f"comm/{name}/{k}": float(v) for k, v in zip(self.extra_window.keys, means)}
 
     def log_epoch(self, sums: Sums) -> None:
         m = self.reduce_window(sums)

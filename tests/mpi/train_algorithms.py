@@ -4,7 +4,8 @@
 
 Checks, for every algorithm: replicas stay bit-identical (the trainer's checksum every step, plus an
 independent hash of all parameters at the end, compared over ranks); after the dense warm-up the
-update is sparse (comm/dense 0, density well below 1, fewer bytes than dense); optionally the loss falls.
+update is sparse (comm/dense 0, density well below 1, fewer bytes than dense) and Ok-Topk's own
+figures are logged (comm/oktopk/*); optionally the loss falls.
 Once: a replica perturbed on the last rank is caught by Trainer.check_replicas on every rank.
 Any failure aborts the whole job (non-zero exit).
 """
@@ -54,6 +55,8 @@ def main(comm, manifests, out_dir, epochs, utterances, loss_must_fall):
                 assert m["comm/dense"] == 0.0 and m["comm/density"] < 0.25, (algorithm, m)
                 if P > 1:
                     assert m["comm/compression_ratio"] > 1.0, (algorithm, m)
+                if algorithm == "oktopk":  # the compressor's own StepStats.extra reach the log too
+                    assert m["comm/oktopk/local_count"] > 0 and m["comm/oktopk/global_count"] > 0, m
             losses = epoch_losses(Path(out_dir) / name)
             if loss_must_fall:
                 assert losses[-1] < 0.9 * losses[0], f"{algorithm}: loss did not fall: {losses}"
