@@ -43,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from comm import Communicator  # noqa: E402
 from compression import COMPRESSORS, build_compressor  # noqa: E402
+from training.logging import reduce_over_ranks  # noqa: E402
 
 LAYERS = 40
 WORD = 4
@@ -118,19 +119,6 @@ def measure(comm, name, numel, density, steps, source) -> dict:
     means["bytes_recv_peak"] = peak_recv
     return means
 
-
-def reduce_over_ranks(comm, mine: dict) -> dict:
-    """mean and max over ranks of each per-rank figure."""
-    keys = sorted(mine)
-    values = torch.tensor([float(mine[key]) for key in keys], dtype=torch.float64)
-    total, peak = values.clone(), values.clone()
-    comm.allreduce_(total, "sum")
-    comm.allreduce_(peak, "max")
-    out = {}
-    for i, key in enumerate(keys):
-        out[f"{key}_mean"] = total[i].item() / comm.size
-        out[f"{key}_max"] = peak[i].item()
-    return out
 
 
 def table(records: list[dict], P: int, numel: int, density: float, steps: int) -> str:

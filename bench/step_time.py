@@ -49,7 +49,7 @@ from data.dataset import BucketingSampler, SpeechDataset, collate  # noqa: E402
 from data.manifest import read_manifest  # noqa: E402
 from models import build_model  # noqa: E402
 from training.config import load_config, resolve_for_run  # noqa: E402
-from training.logging import RunLogger  # noqa: E402
+from training.logging import RunLogger, reduce_over_ranks  # noqa: E402
 from training.runtime import local_rank_and_size, pick_device, run_or_abort, seed_everything, set_threads  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
@@ -108,19 +108,6 @@ def measure(cfg, comm, dataset, batch, device, steps: int, warmup: int) -> tuple
             recomputed[key] = recomputed.get(key, 0) + int(done)
     return {k: v / steps for k, v in sums.items()}, recomputed, trainer.flat_grad.numel()
 
-
-def reduce_over_ranks(comm, mine: dict) -> dict:
-    """{key_mean, key_max} over ranks of each per-rank figure."""
-    keys = sorted(mine)
-    total = torch.tensor([float(mine[k]) for k in keys], dtype=torch.float64)
-    peak = total.clone()
-    comm.allreduce_(total, "sum")
-    comm.allreduce_(peak, "max")
-    out = {}
-    for i, key in enumerate(keys):
-        out[f"{key}_mean"] = total[i].item() / comm.size
-        out[f"{key}_max"] = peak[i].item()
-    return out
 
 
 def header(machine: dict, batch: dict, args, P: int) -> str:

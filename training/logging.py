@@ -88,6 +88,20 @@ def gather_rows(comm, vec: torch.Tensor) -> torch.Tensor:
     return table.view(comm.size, -1)
 
 
+def reduce_over_ranks(comm, mine: dict[str, float]) -> dict[str, float]:
+    """{key_mean, key_max} over ranks of each of this rank's figures (two small allreduces; collective)."""
+    keys = sorted(mine)
+    total = torch.tensor([float(mine[k]) for k in keys], dtype=torch.float64)
+    peak = total.clone()
+    comm.allreduce_(total, "sum")
+    comm.allreduce_(peak, "max")
+    out = {}
+    for i, key in enumerate(keys):
+        out[f"{key}_mean"] = total[i].item() / comm.size
+        out[f"{key}_max"] = peak[i].item()
+    return out
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     h, rem = divmod(seconds, 3600)
