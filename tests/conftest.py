@@ -1,7 +1,8 @@
-"""Shared fixtures: AN4 prepared from the project's copy of the archive (required by the suite)."""
+"""Shared fixtures: AN4 prepared from the project's copy of the archive (required by the suite), one torch thread."""
 from pathlib import Path
 
 import pytest
+import torch
 
 from data.an4 import prepare_an4
 from data.manifest import read_manifest, write_manifest
@@ -35,3 +36,12 @@ def tiny_manifest(an4_manifests, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny") / "tiny.csv"
     write_manifest(tiny, path)
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (restored after): training tests share 2 cores with MPI ranks."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -23,12 +23,7 @@ TIME_TAGS = ["time/compute", "time/selection", "time/communication", "time/step"
 EVAL_TAGS = ["val/wer", "val/cer", "val/wer_utt_mean", "val/loss", "test/wer", "test/cer", "test/wer_utt_mean"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_on(manifest, tmp_path, name, **settings):

@@ -12,7 +12,6 @@ input from its seed); counters with the DESIGN 3 closed forms, exactly:
 Any failure aborts all ranks with a non-zero exit code.
 """
 import sys
-import traceback
 
 if "--no-mpi" in sys.argv:
     sys.modules["mpi4py"] = None  # importing it now raises ImportError: the one-process fallback
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from comm import Communicator
+from training.runtime import run_or_abort
 from comm.communicator import CommCounts
 from tests.reference import meta_bytes, ring_allreduce_bytes
 
@@ -164,15 +164,14 @@ def main():
     comm = Communicator()
     if "--no-mpi" in sys.argv:
         assert comm._comm is None and comm.size == 1, "fallback expected without mpi4py"
-    try:
-        for check in (check_allreduce, check_allgatherv, check_alltoallv, check_p2p, check_bcast_and_objects, check_accounting):
-            check(comm)
-        if comm.rank == 0:
-            print(f"ok communicator P={comm.size}", flush=True)
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        comm.abort(1)
+    run_or_abort(comm, run_checks, comm)  # a failed assertion on any rank ends every rank
+
+
+def run_checks(comm):
+    for check in (check_allreduce, check_allgatherv, check_alltoallv, check_p2p, check_bcast_and_objects, check_accounting):
+        check(comm)
+    if comm.rank == 0:
+        print(f"ok communicator P={comm.size}", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,12 @@ recomputes, in numpy, every rank's accumulated gradient and the expected result.
   - a non-finite gradient raises and leaves the residual untouched.
 Any failure aborts all ranks with a non-zero exit code.
 """
-import sys
-import traceback
 
 import numpy as np
 import torch
 
 from comm import Communicator
+from training.runtime import run_or_abort
 from compression import build_compressor
 from tests import reference as ref
 
@@ -149,15 +148,14 @@ def check_case(comm, name, density, options):
 def main():
     torch.set_num_threads(1)
     comm = Communicator()
-    try:
-        for name, density, options in CASES:
-            check_case(comm, name, density, options)
-            if comm.rank == 0:
-                print(f"ok {name} density={density} {options} P={comm.size}", flush=True)
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        comm.abort(1)
+    run_or_abort(comm, run_cases, comm)  # a failed assertion on any rank ends every rank
+
+
+def run_cases(comm):
+    for name, density, options in CASES:
+        check_case(comm, name, density, options)
+        if comm.rank == 0:
+            print(f"ok {name} density={density} {options} P={comm.size}", flush=True)
 
 
 if __name__ == "__main__":
