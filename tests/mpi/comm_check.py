@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from comm import Communicator
-from training.runtime import run_or_abort
 from comm.communicator import CommCounts
 from tests.reference import meta_bytes, ring_allreduce_bytes
+from training.runtime import run_or_abort
 
 
 def values(rank: int, n: int, dtype) -> np.ndarray:
