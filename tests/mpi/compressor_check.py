@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from comm import Communicator
-from training.runtime import run_or_abort
 from compression import build_compressor
 from tests import reference as ref
+from training.runtime import run_or_abort
 
 N = 2999  # not a multiple of P: uneven regions
 STEPS = 20
