@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from comm import Communicator
+from sparse_asr.comm import Communicator
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -27,8 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load_model(path, device):
-    from models import build_model
-    from training.checkpoint import load_checkpoint
+    from sparse_asr.models import build_model
+    from sparse_asr.training.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path)
     model = build_model(ckpt["config"]["model"]["name"])
@@ -37,8 +37,8 @@ def load_model(path, device):
 
 
 def score_manifest(args, comm, model, device) -> dict:
-    from data.dataset import SpeechDataset
-    from training.evaluation import evaluate
+    from sparse_asr.data.dataset import SpeechDataset
+    from sparse_asr.training.evaluation import evaluate
 
     dataset = SpeechDataset(args.manifest)
     result = evaluate(model, dataset, comm, device, args.batch_size, keep_rows=args.worst > 0)
@@ -58,8 +58,8 @@ def score_manifest(args, comm, model, device) -> dict:
 def transcribe(args, comm, model, device) -> list[str]:
     import torch
 
-    from data.audio import FeatureExtractor, load_audio
-    from data.text import greedy_decode
+    from sparse_asr.data.audio import FeatureExtractor, load_audio
+    from sparse_asr.data.text import greedy_decode
 
     features = FeatureExtractor()
     mine = list(range(comm.rank, len(args.audio), comm.size))  # round-robin shard of the files
@@ -80,7 +80,7 @@ def transcribe(args, comm, model, device) -> list[str]:
 
 
 def run(args, comm):
-    from training.runtime import local_rank_and_size, pick_device, set_threads
+    from sparse_asr.training.runtime import local_rank_and_size, pick_device, set_threads
 
     local_rank, local_size = local_rank_and_size(comm)
     device = pick_device(args.device, local_rank)
@@ -98,7 +98,7 @@ def run(args, comm):
 def main(argv=None) -> int:
     args = parse_args(argv)
     comm = Communicator()
-    from training.runtime import run_or_abort
+    from sparse_asr.training.runtime import run_or_abort
 
     run_or_abort(comm, run, args, comm)
     return 0

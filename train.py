@@ -12,8 +12,8 @@ import argparse
 import dataclasses
 import sys
 
-from comm import Communicator
-from training.config import load_config, resolve_for_run, to_yaml
+from sparse_asr.comm import Communicator
+from sparse_asr.training.config import load_config, resolve_for_run, to_yaml
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -27,8 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def load_dataset(manifest: str, limit: int, augment=None, seed: int = 0):
     """The manifest's utterances, or only its `limit` shortest (quick runs; 0 = all); `augment`
     (a data.audio.SpecAugment) for the training set only."""
-    from data.dataset import SpeechDataset
-    from data.manifest import read_manifest
+    from sparse_asr.data.dataset import SpeechDataset
+    from sparse_asr.data.manifest import read_manifest
 
     df = read_manifest(manifest)
     if limit:
@@ -38,12 +38,12 @@ def load_dataset(manifest: str, limit: int, augment=None, seed: int = 0):
 
 def run(args: argparse.Namespace, comm: Communicator) -> dict:
     # Heavy imports here, so that argument errors are instant.
-    from data.audio import SpecAugment
-    from models import build_model
-    from training.checkpoint import atomic_write_text, load_checkpoint
-    from training.logging import RunLogger
-    from training.runtime import local_rank_and_size, pick_device, seed_everything, set_threads
-    from training.trainer import Trainer
+    from sparse_asr.data.audio import SpecAugment
+    from sparse_asr.models import build_model
+    from sparse_asr.training.checkpoint import atomic_write_text, load_checkpoint
+    from sparse_asr.training.logging import RunLogger
+    from sparse_asr.training.runtime import local_rank_and_size, pick_device, seed_everything, set_threads
+    from sparse_asr.training.trainer import Trainer
 
     cfg = load_config(args.config, args.overrides + ([f"train.resume={args.resume}"] if args.resume else []))
     start_step = None
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     comm = Communicator()
-    from training.runtime import run_or_abort
+    from sparse_asr.training.runtime import run_or_abort
 
     run_or_abort(comm, run, args, comm)
     return 0

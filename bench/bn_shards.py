@@ -15,9 +15,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from data.dataset import BucketingSampler, SpeechDataset, collate  # noqa: E402
-from models import build_model  # noqa: E402
+from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate  # noqa: E402
+from sparse_asr.models import build_model  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -40,10 +40,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from comm import Communicator  # noqa: E402
-from compression import COMPRESSORS, build_compressor  # noqa: E402
-from training.logging import reduce_over_ranks  # noqa: E402
+from sparse_asr.comm import Communicator  # noqa: E402
+from sparse_asr.compression import COMPRESSORS, build_compressor  # noqa: E402
+from sparse_asr.training.logging import reduce_over_ranks  # noqa: E402
 
 LAYERS = 40
 WORD = 4

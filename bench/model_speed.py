@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from models import MODELS, build_model  # noqa: E402
+from sparse_asr.models import MODELS, build_model  # noqa: E402
 
 
 def time_fwd_bwd(name, batch, frames, repeats, seed=0):

@@ -28,8 +28,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from compression.selection import kth_largest_magnitude_radix, threshold_indices, topk_threshold_select  # noqa: E402
+from sparse_asr.compression.selection import kth_largest_magnitude_radix, threshold_indices, topk_threshold_select  # noqa: E402
 
 LSTMAN4_NUMEL = 27_569_568
 

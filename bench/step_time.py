@@ -42,16 +42,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from comm import Communicator  # noqa: E402
-from compression import COMPRESSORS  # noqa: E402
-from data.dataset import BucketingSampler, SpeechDataset, collate  # noqa: E402
-from data.manifest import read_manifest  # noqa: E402
-from models import build_model  # noqa: E402
-from training.config import load_config, resolve_for_run  # noqa: E402
-from training.logging import RunLogger, reduce_over_ranks  # noqa: E402
-from training.runtime import local_rank_and_size, pick_device, run_or_abort, seed_everything, set_threads  # noqa: E402
-from training.trainer import Trainer  # noqa: E402
+from sparse_asr.comm import Communicator  # noqa: E402
+from sparse_asr.compression import COMPRESSORS  # noqa: E402
+from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate  # noqa: E402
+from sparse_asr.data.manifest import read_manifest  # noqa: E402
+from sparse_asr.models import build_model  # noqa: E402
+from sparse_asr.training.config import load_config, resolve_for_run  # noqa: E402
+from sparse_asr.training.logging import RunLogger, reduce_over_ranks  # noqa: E402
+from sparse_asr.training.runtime import local_rank_and_size, pick_device, run_or_abort, seed_everything, set_threads  # noqa: E402
+from sparse_asr.training.trainer import Trainer  # noqa: E402
 
 TIMES = ["t_compute", "t_select", "t_comm", "t_other", "t_step"]
 FIGURES = TIMES + ["bytes_recv", "bytes_sent"]

@@ -18,9 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from data.manifest import ManifestError, build_index, fix_paths, read_raw, write_raw  # noqa: E402
+from sparse_asr.data.manifest import ManifestError, build_index, fix_paths, read_raw, write_raw  # noqa: E402
 
 
 def main(argv=None) -> int:

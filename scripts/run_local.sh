@@ -40,7 +40,7 @@ bash scripts/setup.sh
 ARCHIVE=../shared/data/an4_sphere.tar.gz
 SOURCE_ARGS=()
 if [ -f "$ARCHIVE" ]; then SOURCE_ARGS=(--source "$ARCHIVE"); fi
-.venv/bin/python -m data.an4 "${SOURCE_ARGS[@]}" --data-dir datasets --manifest-dir manifests
+.venv/bin/python -m sparse_asr.data.an4 "${SOURCE_ARGS[@]}" --data-dir datasets --manifest-dir manifests
 
 # CPU threads: the cores shared among the ranks unless the caller chose (train.threads overrides).
 if [ -z "${OMP_NUM_THREADS:-}" ]; then

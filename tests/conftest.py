@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.an4 import prepare_an4
-from data.manifest import read_manifest, write_manifest
+from sparse_asr.data.an4 import prepare_an4
+from sparse_asr.data.manifest import read_manifest, write_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 AN4_ARCHIVE = REPO.parent / "shared" / "data" / "an4_sphere.tar.gz"

@@ -9,9 +9,10 @@ MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
 
 def run_mpi(nprocs: int, args: list[str], timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`mpiexec -n nprocs python ARGS...` from the repository root; returns the finished process.
+    """`mpiexec -n nprocs python ARGS...` from the repository root (scripts under tests/ as `-m tests.mpi.NAME`,
+    so `tests` imports without PYTHONPATH); returns the finished process.
     One thread per rank: this machine has 2 cores and tests run up to 4 ranks."""
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     full_env.update(env or {})
     cmd = [MPIEXEC, "-n", str(nprocs), sys.executable, *args]
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)

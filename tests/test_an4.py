@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from data.an4 import An4Error, prepare_an4
-from data.manifest import missing_files, read_manifest
+from sparse_asr.data.an4 import An4Error, prepare_an4
+from sparse_asr.data.manifest import missing_files, read_manifest
 from tests.conftest import AN4_ARCHIVE, DATA_DIR, REPO, TEST_MANIFESTS
 
 
@@ -113,7 +113,7 @@ def test_problems_are_reported_by_name(an4_prepared, tmp_path):
 def test_command_line_exit_status(an4_prepared, tmp_path):
     root = tmp_path / "an4"
     make_small_corpus(root, an4_prepared["root"])
-    command = [sys.executable, "-m", "data.an4", "--source", str(root), "--data-dir", str(tmp_path / "data"),
+    command = [sys.executable, "-m", "sparse_asr.data.an4", "--source", str(root), "--data-dir", str(tmp_path / "data"),
                "--manifest-dir", str(tmp_path / "manifests"), "--dev-fraction", "0.3"]
     ok = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr

@@ -4,10 +4,10 @@ import pytest
 import soundfile
 import torch
 
-from data.audio import AudioError, FeatureExtractor, SpecAugment, load_audio
-from data.dataset import BucketingSampler, SpeechDataset, collate, make_loader
-from data.manifest import read_manifest
-from data.text import text_to_ids
+from sparse_asr.data.audio import AudioError, FeatureExtractor, SpecAugment, load_audio
+from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate, make_loader
+from sparse_asr.data.manifest import read_manifest
+from sparse_asr.data.text import text_to_ids
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,10 @@ case is in test_distributed_train.py)."""
 import pytest
 import torch
 
-from comm import Communicator
+from sparse_asr.comm import Communicator
 from tests.mpi.train_common import run_training, step_losses, tiny_overrides
-from training.checkpoint import atomic_save, load_checkpoint, rank_state, rng_state, set_rng_state
-from training.trainer import Trainer
+from sparse_asr.training.checkpoint import atomic_save, load_checkpoint, rank_state, rng_state, set_rng_state
+from sparse_asr.training.trainer import Trainer
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from compression import COMPRESSORS, build_compressor
-from compression.gtopk import merge_topk, pack_bits, unpack_bits
+from sparse_asr.compression import COMPRESSORS, build_compressor
+from sparse_asr.compression.gtopk import merge_topk, pack_bits, unpack_bits
 from tests import reference as ref
 from tests.mpi_helpers import check_mpi
 
@@ -16,7 +16,7 @@ from tests.mpi_helpers import check_mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_compressors_match_reference(nprocs):
-    out = check_mpi(nprocs, ["tests/mpi/compressor_check.py"], timeout=240)
+    out = check_mpi(nprocs, ["-m", "tests.mpi.compressor_check"], timeout=240)
     for name in ("dense", "topka", "topkdsa", "gtopk", "gaussiank"):
         assert f"ok {name} " in out, out
 
@@ -26,7 +26,7 @@ def test_registry_names():
 
 
 def test_bad_options_are_refused():
-    from comm import Communicator
+    from sparse_asr.comm import Communicator
 
     comm = Communicator()
     with pytest.raises(TypeError):

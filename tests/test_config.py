@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from comm import Communicator
-from training.config import (ConfigError, check_same_on_all_ranks, compression_warmup_steps, load_config,
+from sparse_asr.comm import Communicator
+from sparse_asr.training.config import (ConfigError, check_same_on_all_ranks, compression_warmup_steps, load_config,
                              resolve_for_run, to_yaml)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -138,7 +138,7 @@ class FakeComm:
         self.calls = 0
 
     def allgather_object(self, obj):
-        from training.config import config_digest, to_dict, _flatten
+        from sparse_asr.training.config import config_digest, to_dict, _flatten
 
         theirs = [config_digest(self.other), _flatten(to_dict(self.other))][self.calls]
         self.calls += 1

@@ -6,14 +6,14 @@ import time
 
 import pytest
 
-from compression import COMPRESSORS
+from sparse_asr.compression import COMPRESSORS
 from tests.mpi_helpers import check_mpi, run_mpi
 
 pytestmark = pytest.mark.mpi
 
 
 def test_every_algorithm_trains_on_two_ranks(an4_manifests, tmp_path):
-    out = check_mpi(2, ["tests/mpi/train_algorithms.py", str(an4_manifests), str(tmp_path), "3", "32",
+    out = check_mpi(2, ["-m", "tests.mpi.train_algorithms", str(an4_manifests), str(tmp_path), "3", "32",
                         "--loss-must-fall"])
     for algorithm in COMPRESSORS:
         assert f"{algorithm}: P=2 epoch losses" in out, out
@@ -21,19 +21,19 @@ def test_every_algorithm_trains_on_two_ranks(an4_manifests, tmp_path):
 
 @pytest.mark.parametrize("nprocs", [3, 4])
 def test_replicas_stay_identical(an4_manifests, tmp_path, nprocs):
-    out = check_mpi(nprocs, ["tests/mpi/train_algorithms.py", str(an4_manifests), str(tmp_path), "2",
+    out = check_mpi(nprocs, ["-m", "tests.mpi.train_algorithms", str(an4_manifests), str(tmp_path), "2",
                              str(8 * nprocs)])
     assert out.count("replicas identical") == len(COMPRESSORS), out
 
 
 def test_resume_is_exact_on_two_ranks_with_a_sparse_compressor(an4_manifests, tmp_path):
     algorithm = "oktopk" if "oktopk" in COMPRESSORS else "topka"
-    out = check_mpi(2, ["tests/mpi/train_resume.py", str(an4_manifests), str(tmp_path), algorithm])
+    out = check_mpi(2, ["-m", "tests.mpi.train_resume", str(an4_manifests), str(tmp_path), algorithm])
     assert f"{algorithm}: P=2 resume == uninterrupted over 8 steps" in out, out
 
 
 def test_an_exception_on_rank_1_ends_every_rank_promptly(an4_manifests, tmp_path):
-    proc = run_mpi(2, ["tests/mpi/train_fail.py", str(an4_manifests), str(tmp_path)], timeout=120)
+    proc = run_mpi(2, ["-m", "tests.mpi.train_fail", str(an4_manifests), str(tmp_path)], timeout=120)
     ended = time.time()
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "rank 1: RuntimeError: injected failure at step 3" in proc.stderr, proc.stdout + proc.stderr
@@ -43,7 +43,7 @@ def test_an_exception_on_rank_1_ends_every_rank_promptly(an4_manifests, tmp_path
 
 
 def test_ranks_with_different_configs_are_refused(an4_manifests, tmp_path):
-    proc = run_mpi(2, ["tests/mpi/train_mismatch.py", str(an4_manifests), str(tmp_path)], timeout=120)
+    proc = run_mpi(2, ["-m", "tests.mpi.train_mismatch", str(an4_manifests), str(tmp_path)], timeout=120)
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "the configuration differs between ranks" in proc.stderr, proc.stderr
     assert "seed: rank 0 has 0, rank 1 has 1" in proc.stderr, proc.stderr

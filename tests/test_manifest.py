@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import soundfile
 
-from data.manifest import (ManifestError, build_index, find_by_name, fix_paths, missing_files, read_manifest, read_raw,
+from sparse_asr.data.manifest import (ManifestError, build_index, find_by_name, fix_paths, missing_files, read_manifest, read_raw,
                            rewrite_prefix, write_manifest)
 from tests.conftest import REPO
 

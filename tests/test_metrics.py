@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from training.metrics import ErrorCounts, char_errors, word_errors
+from sparse_asr.training.metrics import ErrorCounts, char_errors, word_errors
 
 
 def reference_edit_distance(a, b):

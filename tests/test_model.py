@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from models import MODELS, build_model
-from models.deepspeech import DeepSpeech, DeepSpeechSpec
+from sparse_asr.models import MODELS, build_model
+from sparse_asr.models.deepspeech import DeepSpeech, DeepSpeechSpec
 
 torch.set_num_threads(1)
 

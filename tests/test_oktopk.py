@@ -4,16 +4,16 @@ unsorted-intersection bug, the 6k(P-1)/P volume bound and exact resume, on P = 1
 import pytest
 import torch
 
-from comm import Communicator
-from compression import build_compressor
-from compression.oktopk import MAX_NUDGE, NUDGE, OkTopk, balanced_regions, nudged
+from sparse_asr.comm import Communicator
+from sparse_asr.compression import build_compressor
+from sparse_asr.compression.oktopk import MAX_NUDGE, NUDGE, OkTopk, balanced_regions, nudged
 from tests.mpi_helpers import check_mpi
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_oktopk_ranks(nprocs):
-    out = check_mpi(nprocs, ["tests/mpi/oktopk_check.py", "exact", "unsorted", "resume", "volume", "default"], timeout=240)
+    out = check_mpi(nprocs, ["-m", "tests.mpi.oktopk_check", "exact", "unsorted", "resume", "volume", "default"], timeout=240)
     for check in ("exact", "unsorted", "resume", "volume", "default"):
         assert f"ok {check} P={nprocs}" in out, out
 

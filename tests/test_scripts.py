@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+VENV = os.path.realpath(REPO / ".venv")  # submit.sh passes the resolved path: .venv may be a symlink
 CONFIG = "configs/smoke.yaml"  # any existing file will do: the scripts only check that it exists
 SCRIPTS = ["scripts/polaris/train.pbs", "scripts/polaris/submit.sh", "scripts/polaris/set_affinity_gpu_polaris.sh",
            "scripts/polaris/setup_env.sh", "scripts/slurm/train.sbatch", "scripts/slurm/submit.sh", "scripts/sweep.sh",
@@ -154,7 +155,7 @@ def test_slurm_submit_dry_run_prints_sbatch_and_srun_lines():
     assert command_lines(lines) == [
         f"sbatch --job-name=g3 --nodes=3 --ntasks-per-node=4 --gpus-per-task=1 --time=01:00:00 --partition=gpu "
         f"--account=abc --cpus-per-task=8 --chdir={REPO} --output={REPO}/runs/slurm/%x-%j.out "
-        f"--export=ALL,REPO_DIR={REPO},VENV={REPO}/.venv,MODULES=,SRUN_MPI=pmix,CUDA_AWARE_MPI=0,DRY_RUN=0 "
+        f"--export=ALL,REPO_DIR={REPO},VENV={VENV},MODULES=,SRUN_MPI=pmix,CUDA_AWARE_MPI=0,DRY_RUN=0 "
         f"{REPO}/scripts/slurm/train.sbatch {CONFIG} compression.algorithm=gtopk name=g3",
         f"srun -n 12 --ntasks-per-node=4 --gpus-per-task=1 --cpu-bind=cores --cpus-per-task=8 --mpi=pmix "
         f"python train.py --config {CONFIG} distributed.world_size=12 distributed.device=cuda "
@@ -166,8 +167,8 @@ def test_slurm_submit_really_calls_sbatch_with_the_dry_run_words(tmp_path):
     env, log = fake_command(tmp_path, "sbatch")
     args = ["scripts/slurm/submit.sh", "-c", CONFIG, "-N", "2", "--modules", "gcc cuda/12", "train.epochs=1"]
     dry = shlex.split(command_lines(ok(args + ["--dry-run"], env))[0])
-    assert "--export=ALL,REPO_DIR=%s,VENV=%s/.venv,MODULES=gcc cuda/12,SRUN_MPI=,CUDA_AWARE_MPI=0,DRY_RUN=0" % (
-        REPO, REPO) in dry
+    assert "--export=ALL,REPO_DIR=%s,VENV=%s,MODULES=gcc cuda/12,SRUN_MPI=,CUDA_AWARE_MPI=0,DRY_RUN=0" % (
+        REPO, VENV) in dry
     assert ok(args, {**env, **LEFTOVERS, "DRY_RUN": "1"}, clean=False) == ["123.fake"]
     assert recorded_calls(log) == [dry[1:]]
 

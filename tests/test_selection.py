@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from compression.selection import (
+from sparse_asr.compression.selection import (
     isin_sorted,
     kth_largest_magnitude,
     kth_largest_magnitude_radix,

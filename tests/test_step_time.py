@@ -2,7 +2,7 @@
 allreduce receives exactly the ring volume."""
 import json
 
-from models import build_model
+from sparse_asr.models import build_model
 from tests.mpi_helpers import check_mpi
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from data.text import BLANK, LABELS, NUM_CLASSES, greedy_decode, ids_to_text, text_to_ids
+from sparse_asr.data.text import BLANK, LABELS, NUM_CLASSES, greedy_decode, ids_to_text, text_to_ids
 
 
 def test_labels_layout():

@@ -1,7 +1,7 @@
 """The Communicator's results and its byte/message counters, at whatever P it runs with.
 
-    mpiexec -n P python tests/mpi/comm_check.py          # P = 1..4
-    python tests/mpi/comm_check.py --no-mpi              # the fallback when mpi4py is missing
+    mpiexec -n P python -m tests.mpi.comm_check          # P = 1..4
+    python -m tests.mpi.comm_check --no-mpi              # the fallback when mpi4py is missing
 
 Results are compared with numpy computed from every rank's inputs (each rank derives any rank's
 input from its seed); counters with the DESIGN 3 closed forms, exactly:
@@ -19,10 +19,10 @@ if "--no-mpi" in sys.argv:
 import numpy as np
 import torch
 
-from comm import Communicator
-from comm.communicator import CommCounts
+from sparse_asr.comm import Communicator
+from sparse_asr.comm.communicator import CommCounts
 from tests.reference import meta_bytes, ring_allreduce_bytes
-from training.runtime import run_or_abort
+from sparse_asr.training.runtime import run_or_abort
 
 
 def values(rank: int, n: int, dtype) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Every compressor against the numpy references of tests/reference.py, at whatever P it runs with.
 
-    mpiexec -n P python tests/mpi/compressor_check.py
+    mpiexec -n P python -m tests.mpi.compressor_check
 
 For each case, STEPS steps on heavy-tailed random gradients (a component shared by all ranks, so
 selections overlap, plus a per-rank one). Each step every rank gathers all ranks' gradients and
@@ -18,10 +18,10 @@ Any failure aborts all ranks with a non-zero exit code.
 import numpy as np
 import torch
 
-from comm import Communicator
-from compression import build_compressor
+from sparse_asr.comm import Communicator
+from sparse_asr.compression import build_compressor
 from tests import reference as ref
-from training.runtime import run_or_abort
+from sparse_asr.training.runtime import run_or_abort
 
 N = 2999  # not a multiple of P: uneven regions
 STEPS = 20

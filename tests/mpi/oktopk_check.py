@@ -1,4 +1,4 @@
-"""Ok-Topk under real MPI ranks: `mpiexec -n P python tests/mpi/oktopk_check.py CHECK...`.
+"""Ok-Topk under real MPI ranks: `mpiexec -n P python -m tests.mpi.oktopk_check CHECK...`.
 
 Checks (each asserts; any failure exits non-zero on every rank):
   exact     every interval = 1: output and residuals equal a numpy reference built from all
@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-import compression.oktopk as oktopk_module
-from comm import Communicator
-from compression.oktopk import OkTopk
+import sparse_asr.compression.oktopk as oktopk_module
+from sparse_asr.comm import Communicator
+from sparse_asr.compression.oktopk import OkTopk
 
 comm = Communicator()
 P, RANK = comm.size, comm.rank

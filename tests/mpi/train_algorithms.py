@@ -1,6 +1,6 @@
 """Under mpiexec: a short real-AN4 training run per registered algorithm (dense and every sparse one).
 
-    mpiexec -n P python tests/mpi/train_algorithms.py MANIFEST_DIR OUT_DIR EPOCHS UTTERANCES [--loss-must-fall]
+    mpiexec -n P python -m tests.mpi.train_algorithms MANIFEST_DIR OUT_DIR EPOCHS UTTERANCES [--loss-must-fall]
 
 Checks, for every algorithm: replicas stay bit-identical (the trainer's checksum every step, plus an
 independent hash of all parameters at the end, compared over ranks); after the dense warm-up the
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from comm import Communicator
-from compression import COMPRESSORS
+from sparse_asr.comm import Communicator
+from sparse_asr.compression import COMPRESSORS
 from tests.mpi.train_common import epoch_losses, read_metrics, run_training, tiny_overrides
-from training.runtime import run_or_abort
-from training.trainer import Trainer
+from sparse_asr.training.runtime import run_or_abort
+from sparse_asr.training.trainer import Trainer
 
 WARMUP = 2
 

@@ -28,7 +28,7 @@ def tiny_overrides(manifests: Path, out_dir: Path, name: str, **settings) -> lis
 def run_training(overrides: list[str], comm=None, resume: str = "") -> dict:
     """train.py's run() in this process (no abort on error: the exception propagates)."""
     import train
-    from comm import Communicator
+    from sparse_asr.comm import Communicator
 
     argv = ["--config", str(SMOKE_CONFIG), *overrides] + (["--resume", resume] if resume else [])
     return train.run(train.parse_args(argv), comm or Communicator())

@@ -1,7 +1,7 @@
 """Under mpiexec: an exception on rank 1 at optimizer step 3 must end EVERY rank promptly (train.py
 aborts the MPI job; rank 0 is then waiting inside a collective and must not hang).
 
-    mpiexec -n P python tests/mpi/train_fail.py MANIFEST_DIR OUT_DIR
+    mpiexec -n P python -m tests.mpi.train_fail MANIFEST_DIR OUT_DIR
 
 Prints 'INJECTED <unix time>' to stderr just before raising, so the test can time the shutdown.
 """
@@ -9,9 +9,9 @@ import sys
 import time
 
 import train
-from comm import Communicator
+from sparse_asr.comm import Communicator
 from tests.mpi.train_common import SMOKE_CONFIG, tiny_overrides
-from training.trainer import Trainer
+from sparse_asr.training.trainer import Trainer
 
 original = Trainer.train_step
 

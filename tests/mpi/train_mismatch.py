@@ -1,12 +1,12 @@
 """Under mpiexec: ranks started with different configs (here: seed = rank) must be refused with an
 error naming the differing key, and the job must end with a non-zero exit.
 
-    mpiexec -n P python tests/mpi/train_mismatch.py MANIFEST_DIR OUT_DIR
+    mpiexec -n P python -m tests.mpi.train_mismatch MANIFEST_DIR OUT_DIR
 """
 import sys
 
 import train
-from comm import Communicator
+from sparse_asr.comm import Communicator
 from tests.mpi.train_common import SMOKE_CONFIG, tiny_overrides
 
 if __name__ == "__main__":

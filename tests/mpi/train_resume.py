@@ -1,7 +1,7 @@
 """Under mpiexec: 2 epochs == 1 epoch + resume + 1 epoch, with a sparse compressor whose per-rank
 state (error-feedback residual, thresholds, ...) must travel through the checkpoint.
 
-    mpiexec -n P python tests/mpi/train_resume.py MANIFEST_DIR OUT_DIR ALGORITHM
+    mpiexec -n P python -m tests.mpi.train_resume MANIFEST_DIR OUT_DIR ALGORITHM
 
 Every rank compares its own compressor state in both final checkpoints; rank 0 compares the
 per-step losses and the parameters. Any failure aborts the whole job (non-zero exit).
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from comm import Communicator
+from sparse_asr.comm import Communicator
 from tests.mpi.train_common import run_training, step_losses, tiny_overrides
-from training.checkpoint import load_checkpoint
-from training.runtime import run_or_abort
+from sparse_asr.training.checkpoint import load_checkpoint
+from sparse_asr.training.runtime import run_or_abort
 
 
 def assert_same(a, b, where):

@@ -1,6 +1,6 @@
 """Prepare CMU AN4 (DESIGN 6): fetch or extract the corpus, check it, write train/dev/test manifests.
 
-    python -m data.an4 --source ../shared/data/an4_sphere.tar.gz --data-dir datasets --manifest-dir manifests
+    python -m sparse_asr.data.an4 --source ../shared/data/an4_sphere.tar.gz --data-dir datasets --manifest-dir manifests
 
 SOURCE is the CMU URL (the default), a local an4_sphere.tar.gz, or an extracted an4/ directory
 (used in place). A tarball is extracted once into <data-dir>/an4/; later runs reuse it and say so.
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from data.audio import AudioError, load_audio
-from data.manifest import write_manifest
-from data.text import text_to_ids
+from sparse_asr.data.audio import AudioError, load_audio
+from sparse_asr.data.manifest import write_manifest
+from sparse_asr.data.text import text_to_ids
 
 URL = "http://www.speech.cs.cmu.edu/databases/an4/an4_sphere.tar.gz"
 REPO = Path(__file__).resolve().parent.parent

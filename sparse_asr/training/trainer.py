@@ -16,17 +16,17 @@ import time
 
 import torch
 
-from compression import build_compressor
-from compression.base import all_finite
-from compression.dense import DenseAllreduce
-from data.dataset import BucketingSampler, make_loader
-from data.text import BLANK
-from training.checkpoint import (copy_checkpoint, load_checkpoint, rank_state, rng_state, save_checkpoint,
+from sparse_asr.compression import build_compressor
+from sparse_asr.compression.base import all_finite
+from sparse_asr.compression.dense import DenseAllreduce
+from sparse_asr.data.dataset import BucketingSampler, make_loader
+from sparse_asr.data.text import BLANK
+from sparse_asr.training.checkpoint import (copy_checkpoint, load_checkpoint, rank_state, rng_state, save_checkpoint,
                                  set_rng_state)
-from training.config import Config, compression_warmup_steps, to_dict
-from training.evaluation import evaluate
-from training.logging import RunLogger, Sums, format_bytes, format_duration, gather_rows
-from training.optim import build_optimizer, clip_grad_norm_, learning_rate, set_learning_rate
+from sparse_asr.training.config import Config, compression_warmup_steps, to_dict
+from sparse_asr.training.evaluation import evaluate
+from sparse_asr.training.logging import RunLogger, Sums, format_bytes, format_duration, gather_rows
+from sparse_asr.training.optim import build_optimizer, clip_grad_norm_, learning_rate, set_learning_rate
 
 # Per-rank figures of one step, summed over a log window / an epoch.
 STEP_KEYS = ["loss", "grad_norm", "density", "dense", "bytes_sent", "bytes_recv", "dense_bytes",

@@ -1,5 +1,5 @@
 """Model registry: build_model(name) -> DeepSpeech with that name's spec."""
-from models.deepspeech import DeepSpeech, DeepSpeechSpec
+from sparse_asr.models.deepspeech import DeepSpeech, DeepSpeechSpec
 
 MODELS = {
     # The paper's model (DESIGN 5): 27,569,568 parameters in 40 tensors.

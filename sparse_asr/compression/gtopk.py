@@ -24,8 +24,8 @@ import math
 
 import torch
 
-from compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
-from compression.selection import topk_indices
+from sparse_asr.compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.selection import topk_indices
 
 TAG_UP, TAG_DOWN = 201, 202
 

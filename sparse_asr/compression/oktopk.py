@@ -32,9 +32,9 @@ from contextlib import contextmanager
 
 import torch
 
-from comm.communicator import Communicator
-from compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
-from compression.selection import isin_sorted, kth_largest_magnitude_radix, threshold_indices, topk_threshold_select
+from sparse_asr.comm.communicator import Communicator
+from sparse_asr.compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.selection import isin_sorted, kth_largest_magnitude_radix, threshold_indices, topk_threshold_select
 
 # A reused threshold is lowered by a factor (1 - s) when its count fell below 3k/4 and raised by
 # (1 + s) above 5k/4. s starts at NUDGE and doubles, up to MAX_NUDGE, while the count stays out of

@@ -248,7 +248,7 @@ def _check_values(cfg: Config, where) -> None:
 
 
 def _check_model(name: str, where) -> None:
-    from models import MODELS
+    from sparse_asr.models import MODELS
 
     if name not in MODELS:
         raise ConfigError(f"{where('model.name')}: model.name {name!r} is not a known model; known: {sorted(MODELS)}")
@@ -256,8 +256,8 @@ def _check_model(name: str, where) -> None:
 
 def _check_compression(c: CompressionConfig, where) -> None:
     """The algorithm must be registered and every option must be a keyword of its constructor."""
-    from compression import COMPRESSORS
-    from compression.dense import DenseAllreduce
+    from sparse_asr.compression import COMPRESSORS
+    from sparse_asr.compression.dense import DenseAllreduce
 
     if c.algorithm not in COMPRESSORS:
         raise ConfigError(f"{where('compression.algorithm')}: compression.algorithm {c.algorithm!r} is unknown; "

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from comm.communicator import Communicator
+from sparse_asr.comm.communicator import Communicator
 
 
 @dataclass

@@ -8,9 +8,9 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader
 
-from data.audio import AudioError, FeatureExtractor, SpecAugment, load_audio
-from data.manifest import read_manifest
-from data.text import text_to_ids
+from sparse_asr.data.audio import AudioError, FeatureExtractor, SpecAugment, load_audio
+from sparse_asr.data.manifest import read_manifest
+from sparse_asr.data.text import text_to_ids
 
 
 # Last word of the augmentation generators' seed: numpy pads short seed lists with zeros, so without

@@ -6,8 +6,8 @@ and receives the others' (P-1)k' pairs (2k(P-1) words in the paper's model).
 """
 import torch
 
-from compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
-from compression.selection import topk_indices
+from sparse_asr.compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.selection import topk_indices
 
 
 def sum_pairs(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

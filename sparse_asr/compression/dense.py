@@ -1,7 +1,7 @@
 """Dense allreduce: SUM / P. The reference every sparse algorithm is compared against."""
 import torch
 
-from compression.base import Compressor, StepStats, dense_allreduce_bytes
+from sparse_asr.compression.base import Compressor, StepStats, dense_allreduce_bytes
 
 
 class DenseAllreduce(Compressor):

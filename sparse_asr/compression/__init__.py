@@ -1,11 +1,11 @@
 """Registry of gradient compressors by config name. Add a new algorithm here (see README)."""
-from compression.base import Compressor, SparseCompressor, StepStats
-from compression.dense import DenseAllreduce
-from compression.oktopk import OkTopk
-from compression.gaussiank import Gaussiank
-from compression.gtopk import GTopk
-from compression.topk_allgather import TopkAllgather
-from compression.topk_dsa import TopkDSA
+from sparse_asr.compression.base import Compressor, SparseCompressor, StepStats
+from sparse_asr.compression.dense import DenseAllreduce
+from sparse_asr.compression.oktopk import OkTopk
+from sparse_asr.compression.gaussiank import Gaussiank
+from sparse_asr.compression.gtopk import GTopk
+from sparse_asr.compression.topk_allgather import TopkAllgather
+from sparse_asr.compression.topk_dsa import TopkDSA
 
 COMPRESSORS: dict[str, type[Compressor]] = {
     DenseAllreduce.name: DenseAllreduce,

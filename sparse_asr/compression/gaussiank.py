@@ -18,8 +18,8 @@ from statistics import NormalDist
 
 import torch
 
-from compression.base import Exchange, SparseCompressor, Timer, pack_pairs, unpack_pairs
-from compression.topk_allgather import sum_pairs
+from sparse_asr.compression.base import Exchange, SparseCompressor, Timer, pack_pairs, unpack_pairs
+from sparse_asr.compression.topk_allgather import sum_pairs
 
 
 class Gaussiank(SparseCompressor):

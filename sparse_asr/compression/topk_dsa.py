@@ -21,9 +21,9 @@ min(2k(P-1), n(P-1)/P) (no overlap, or dense regions).
 """
 import torch
 
-from compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
-from compression.selection import topk_indices
-from compression.topk_allgather import sum_pairs
+from sparse_asr.compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.selection import topk_indices
+from sparse_asr.compression.topk_allgather import sum_pairs
 
 
 class TopkDSA(SparseCompressor):

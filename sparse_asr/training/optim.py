@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from training.config import OptimConfig
+from sparse_asr.training.config import OptimConfig
 
 
 def build_optimizer(params, cfg: OptimConfig) -> torch.optim.SGD:

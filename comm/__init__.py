@@ -1,3 +1,0 @@
-from comm.communicator import CommCounts, Communicator
-
-__all__ = ["CommCounts", "Communicator"]
