@@ -4,7 +4,7 @@
     mpiexec -n 4 python train.py --config configs/an4_cpu.yaml compression.algorithm=oktopk compression.density=0.02
     python train.py --config configs/an4_cpu.yaml --resume runs/NAME/checkpoints/last.pt
 
-config -> data -> model -> compressor -> Trainer.fit(). Any exception on any rank ends the whole job.
+config -> build_trainer (data, model, compressor, restored state) -> Trainer.fit(). Any exception on any rank ends the whole job.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import dataclasses
 import sys
 
 from sparse_asr.comm import Communicator
-from sparse_asr.training.config import load_config, resolve_for_run, to_yaml
+from sparse_asr.training.config import flatten, load_config, resolve_for_run, to_dict, to_yaml
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,31 +36,29 @@ def load_dataset(manifest: str, limit: int, augment=None, seed: int = 0):
     return SpeechDataset(df, augment=augment, seed=seed)
 
 
-def run(args: argparse.Namespace, comm: Communicator) -> dict:
+def build_trainer(cfg, comm, resume: str = ""):
+    """Everything train.py sets up before the loop, for a resolved config: logger, device, threads, seeds,
+    data, model and the Trainer (restored from `resume` when given). Returns the Trainer."""
     # Heavy imports here, so that argument errors are instant.
     from sparse_asr.data.audio import SpecAugment
+    from sparse_asr.fileio import atomic_write_text
     from sparse_asr.models import build_model
-    from sparse_asr.training.checkpoint import atomic_write_text, load_checkpoint
+    from sparse_asr.training.checkpoint import load_training_state
     from sparse_asr.training.logging import RunLogger
     from sparse_asr.training.runtime import local_rank_and_size, pick_device, seed_everything, set_threads
     from sparse_asr.training.trainer import Trainer
 
-    cfg = load_config(args.config, args.overrides + ([f"train.resume={args.resume}"] if args.resume else []))
-    start_step = None
-    if cfg.train.resume:
-        progress = load_checkpoint(cfg.train.resume)
-        start_step = progress["progress"]["step"]
-        if not cfg.name:  # continue in the same run directory
-            cfg = dataclasses.replace(cfg, name=progress["config"]["name"])
-        del progress
-    cfg = resolve_for_run(cfg, comm)
     comm.cuda_aware = cfg.distributed.cuda_aware_mpi
     local_rank, local_size = local_rank_and_size(comm)
     device = pick_device(cfg.distributed.device, local_rank)
     threads = set_threads(cfg.train.threads, local_size)
     seed_everything(cfg.seed)
+    state = load_training_state(comm, resume) if resume else None
+    if state is not None and state.config["model"]["name"] != cfg.model.name:
+        raise ValueError(f"checkpoint {resume} holds model {state.config['model']['name']!r}, "
+                         f"the config asks for {cfg.model.name!r}")
 
-    log = RunLogger(cfg.run_dir, enabled=comm.rank == 0, purge_step=start_step)
+    log = RunLogger(cfg.run_dir, enabled=comm.rank == 0, purge_step=state.progress.step if state else None)
     if comm.rank == 0:
         atomic_write_text(cfg.run_dir / "config.yaml", to_yaml(cfg))
     log.info(f"run {cfg.run_dir} on {comm.size} rank(s), device {device}, {threads} CPU thread(s) per rank\n"
@@ -68,19 +66,34 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict:
     d = cfg.data
     augment = SpecAugment(d.freq_masks, d.freq_mask_width, d.time_masks, d.time_mask_width, d.time_mask_max_fraction)
     train_set = load_dataset(d.train_manifest, d.max_train_utterances, augment, seed=cfg.seed)
-    dev_set = load_dataset(cfg.data.dev_manifest, cfg.data.max_eval_utterances)
-    test_set = load_dataset(cfg.data.test_manifest, cfg.data.max_eval_utterances) if cfg.data.test_manifest else None
+    dev_set = load_dataset(d.dev_manifest, d.max_eval_utterances)
+    test_set = load_dataset(d.test_manifest, d.max_eval_utterances) if d.test_manifest else None
     log.info(f"data: {len(train_set)} train, {len(dev_set)} dev, {len(test_set) if test_set else 0} test utterances")
-    model = build_model(cfg.model.name)
-    trainer = Trainer(cfg, comm, model, train_set, dev_set, test_set, device, log)
-    if cfg.train.resume:
-        trainer.restore(cfg.train.resume)
+    trainer = Trainer(cfg, comm, build_model(cfg.model.name), train_set, dev_set, test_set, device, log)
+    if state is not None:
+        trainer.load_training_state(state)
+        old, new = flatten(state.config), flatten(to_dict(cfg))
+        changed = [k for k, v in new.items() if old.get(k) != v]
+        p = trainer.progress
+        log.info(f"resumed from {resume}: optimizer step {p.step}, epoch {p.epoch}, batch {p.batch_in_epoch}"
+                 + (f"; config keys changed since: {', '.join(changed)}" if changed else ""))
+    return trainer
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> dict:
+    from sparse_asr.training.checkpoint import load_checkpoint
+
+    cfg = load_config(args.config, args.overrides + ([f"train.resume={args.resume}"] if args.resume else []))
+    if cfg.train.resume and not cfg.name:  # continue in the same run directory
+        cfg = dataclasses.replace(cfg, name=load_checkpoint(cfg.train.resume)["config"]["name"])
+    cfg = resolve_for_run(cfg, comm)
+    trainer = build_trainer(cfg, comm, resume=cfg.train.resume)
     try:
         results = trainer.fit()
     finally:
-        log.close()
-    log.info(f"done: {cfg.run_dir}" + "".join(f"  {split} {k} {v:.4f}" for split, summary in results.items()
-                                             for k, v in summary.items()))
+        trainer.log.close()
+    trainer.log.info(f"done: {cfg.run_dir}" + "".join(f"  {split} {k} {v:.4f}" for split, summary in results.items()
+                                                     for k, v in summary.items()))
     return results
 
 

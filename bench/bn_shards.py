@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate  # noqa: E402
-from sparse_asr.models import build_model  # noqa: E402
+from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
+from sparse_asr.models import build_model
 
 
 def main(argv=None) -> int:

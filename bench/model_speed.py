@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from sparse_asr.models import MODELS, build_model  # noqa: E402
+from sparse_asr.models import MODELS, build_model
 
 
 def time_fwd_bwd(name, batch, frames, repeats, seed=0):

@@ -54,9 +54,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
 ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk"]
 LSTMAN4_NUMEL = 27_569_568  # DESIGN 5

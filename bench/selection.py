@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from sparse_asr.compression.selection import kth_largest_magnitude_radix, threshold_indices, topk_threshold_select  # noqa: E402
+from sparse_asr.compression.selection import kth_largest_magnitude_radix, threshold_indices, topk_threshold_select
 
 LSTMAN4_NUMEL = 27_569_568
 

@@ -42,15 +42,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sparse_asr.comm import Communicator  # noqa: E402
-from sparse_asr.compression import COMPRESSORS  # noqa: E402
-from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate  # noqa: E402
-from sparse_asr.data.manifest import read_manifest  # noqa: E402
-from sparse_asr.models import build_model  # noqa: E402
-from sparse_asr.training.config import load_config, resolve_for_run  # noqa: E402
-from sparse_asr.training.logging import RunLogger, reduce_over_ranks  # noqa: E402
-from sparse_asr.training.runtime import local_rank_and_size, pick_device, run_or_abort, seed_everything, set_threads  # noqa: E402
-from sparse_asr.training.trainer import Trainer  # noqa: E402
+from sparse_asr.comm import Communicator
+from sparse_asr.compression import COMPRESSORS
+from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
+from sparse_asr.data.manifest import read_manifest
+from sparse_asr.models import build_model
+from sparse_asr.training.config import load_config, resolve_for_run
+from sparse_asr.training import replicas
+from sparse_asr.training.logging import RunLogger, reduce_over_ranks
+from sparse_asr.training.runtime import local_rank_and_size, pick_device, run_or_abort, seed_everything, set_threads
+from sparse_asr.training.trainer import Trainer
 
 TIMES = ["t_compute", "t_select", "t_comm", "t_other", "t_step"]
 FIGURES = TIMES + ["bytes_recv", "bytes_sent"]
@@ -86,20 +87,22 @@ def measure(cfg, comm, dataset, batch, device, steps: int, warmup: int) -> tuple
     seed_everything(cfg.seed)
     model = build_model(cfg.model.name)
     trainer = Trainer(cfg, comm, model, dataset, None, None, device, RunLogger("", enabled=False))
-    trainer.broadcast_state()
+    replicas.broadcast_state(comm, trainer.model, trainer.optimizer)
     sums, recomputed = dict.fromkeys(FIGURES, 0.0), {}
     comm.barrier()
     for i in range(warmup + steps):
-        due = scheduled_recomputations(trainer.compressor)
+        due = scheduled_recomputations(trainer.exchange)
         t0 = time.perf_counter()
-        figures = trainer.train_step(batch)
+        record = trainer.train_step(batch)
         sync(device)
         t_step = time.perf_counter() - t0
-        if figures is None:
+        if record is None:
             raise FloatingPointError(f"{cfg.compression.algorithm}: step {i} was skipped (non-finite loss or gradient)")
         if i < warmup:
             continue
-        figures["t_step"] = t_step
+        st = record.stats
+        figures = {"t_compute": record.seconds_compute, "t_select": st.seconds_select, "t_comm": st.seconds_comm,
+                   "t_step": t_step, "bytes_recv": st.bytes_recv, "bytes_sent": st.bytes_sent}
         figures["t_other"] = t_step - figures["t_compute"] - figures["t_select"] - figures["t_comm"]
         for key in FIGURES:
             sums[key] += figures[key]

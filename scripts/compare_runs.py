@@ -23,12 +23,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
-from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
-from tensorboard.util import tensor_util  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import yaml
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
 
 EVENT_GLOB = "events.out.tfevents.*"
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 
-from sparse_asr.data.manifest import ManifestError, build_index, fix_paths, read_raw, write_raw  # noqa: E402
+from sparse_asr.data.manifest import ManifestError, build_index, fix_paths, read_raw, write_raw
 
 
 def main(argv=None) -> int:

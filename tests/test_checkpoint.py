@@ -5,7 +5,8 @@ import torch
 
 from sparse_asr.comm import Communicator
 from tests.mpi.train_common import run_training, step_losses, tiny_overrides
-from sparse_asr.training.checkpoint import atomic_save, load_checkpoint, rank_state, rng_state, set_rng_state
+from sparse_asr.training.checkpoint import (FORMAT_VERSION, atomic_save, load_checkpoint, load_training_state, rng_state,
+                                            set_rng_state)
 from sparse_asr.training.trainer import Trainer
 
 
@@ -17,9 +18,8 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch
     atomic_save({"format_version": 1, "x": torch.arange(3)}, path)
 
     def broken_save(obj, f):
-        with open(f, "wb") as out:
-            out.write(b"half a checkpoint")
-        raise OSError("disk full")
+        f.write(b"half a checkpoint")
+        raise OSError(28, "disk full")
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(OSError, match="disk full"):
@@ -38,8 +38,9 @@ def test_load_errors_are_clear(tmp_path):
     torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
     with pytest.raises(ValueError, match="not a checkpoint of this project"):
         load_checkpoint(tmp_path / "foreign.pt")
+    atomic_save({"format_version": FORMAT_VERSION, "world_size": 2, "ranks": [{}, {}]}, tmp_path / "two.pt")
     with pytest.raises(ValueError, match="written by 2 ranks but this job has 1"):
-        rank_state({"world_size": 2, "ranks": [{}, {}]}, Communicator(), "x.pt")
+        load_training_state(Communicator(), tmp_path / "two.pt")
 
 
 def test_rng_state_round_trip():
@@ -98,7 +99,7 @@ def test_resume_mid_epoch_after_a_crash(an4_manifests, tmp_path, monkeypatch, au
     original = Trainer.train_step
 
     def dies_at_step_6(self, batch):
-        if self.step == 6:
+        if self.progress.step == 6:
             raise RuntimeError("simulated crash")
         return original(self, batch)
 

@@ -144,8 +144,8 @@ def inject_nan(monkeypatch, at_step, once):
 
     def forward_loss(self, batch):
         loss = original(self, batch)
-        if self.step == at_step and not (once and seen):
-            seen.append((self.epoch, self.batch_in_epoch))
+        if self.progress.step == at_step and not (once and seen):
+            seen.append((self.progress.epoch, self.progress.batch_in_epoch))
             return loss * float("nan")
         return loss
 

@@ -1,30 +1,32 @@
-"""Registry of gradient compressors by config name. Add a new algorithm here (see README)."""
-from sparse_asr.compression.base import Compressor, SparseCompressor, StepStats
-from sparse_asr.compression.dense import DenseAllreduce
-from sparse_asr.compression.oktopk import OkTopk
+"""Registry of gradient compressors by config name. Adding an algorithm: its own file, one line here,
+and its reference in tests/reference.py (see README, "Adding a compressor")."""
+from sparse_asr.compression.base import Compressor, Cost, SparseCompressor, StepStats, parse_options
+from sparse_asr.compression.dense import DenseAllreduce, DenseWarmup
 from sparse_asr.compression.gaussiank import Gaussiank
 from sparse_asr.compression.gtopk import GTopk
+from sparse_asr.compression.oktopk import OkTopk
 from sparse_asr.compression.topk_allgather import TopkAllgather
 from sparse_asr.compression.topk_dsa import TopkDSA
 
 COMPRESSORS: dict[str, type[Compressor]] = {
-    DenseAllreduce.name: DenseAllreduce,
-    OkTopk.name: OkTopk,
-    TopkAllgather.name: TopkAllgather,
-    TopkDSA.name: TopkDSA,
-    GTopk.name: GTopk,
-    Gaussiank.name: Gaussiank,
+    cls.name: cls for cls in (DenseAllreduce, OkTopk, TopkAllgather, TopkDSA, GTopk, Gaussiank)
 }
 
 
-def build_compressor(name: str, comm, numel: int, density: float, device="cpu", **options) -> Compressor:
-    """Make the compressor called `name`; `options` are its own keyword arguments (e.g. Ok-Topk's intervals)."""
+def warmup_steps(setting: int | str, total_steps: int) -> int:
+    """compression.warmup_steps resolved: 'auto' = 5% of the run's optimizer steps (a fraction, not a
+    constant, so that short runs still compress)."""
+    return total_steps * 5 // 100 if setting == "auto" else int(setting)
+
+
+def build_compressor(name: str, comm, numel: int, density: float = 1.0, device="cpu", shapes=None,
+                     warmup: int = 0, **options) -> Compressor:
+    """The compressor called `name` (its `options` validated by its Options), behind `warmup` dense steps."""
     if name not in COMPRESSORS:
-        raise ValueError(f"unknown compression algorithm {name!r}; known: {sorted(COMPRESSORS)}")
-    cls = COMPRESSORS[name]
-    if cls is DenseAllreduce:
-        return cls(comm, numel)
-    return cls(comm, numel, density, device=device, **options)
+        raise ValueError(f"unknown compression algorithm {name!r}; known: {', '.join(sorted(COMPRESSORS))}")
+    compressor = COMPRESSORS[name](comm, numel, density, device=device, shapes=shapes, **options)
+    return DenseWarmup(compressor, warmup) if warmup and name != DenseAllreduce.name else compressor
 
 
-__all__ = ["COMPRESSORS", "Compressor", "SparseCompressor", "StepStats", "build_compressor"]
+__all__ = ["COMPRESSORS", "Compressor", "Cost", "DenseWarmup", "SparseCompressor", "StepStats", "build_compressor",
+           "parse_options", "warmup_steps"]

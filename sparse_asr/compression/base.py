@@ -2,7 +2,14 @@
 
 A compressor turns each rank's flat gradient into the averaged global update, in place:
 
-    stats = compressor.step(flat_grad, step)   # afterwards flat_grad == global update on every rank
+    stats = compressor.step(flat_grad)   # afterwards flat_grad == global update on every rank
+
+Every compressor has the same constructor, `Cls(comm, numel, density, device=..., shapes=..., **options)`:
+`shapes` are the parameters' shapes in flat-buffer order (only algorithms that work per tensor look at
+them) and `options` are the algorithm's own settings (compression.options.* in a config), declared as the
+fields of its `Options` dataclass and validated once, by `parse_options`, for the constructor and the
+config loader alike. Each algorithm also states its closed-form volume (`cost`), which the benchmarks
+and the tests use.
 
 Sparse algorithms only implement `exchange(acc)`: given the accumulated gradient
 acc = grad + residual, select, communicate, and say which global entries get which summed value
@@ -12,8 +19,10 @@ applied local entries zeroed (what was selected locally but dropped globally sta
 """
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import asdict, dataclass, field
+import typing
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,15 +51,6 @@ class StepStats:
     def density(self) -> float:
         return self.selected_global / self.numel
 
-    @property
-    def compression_ratio(self) -> float:
-        """Dense allreduce bytes / bytes actually received (1.0 for dense; inf if nothing arrived)."""
-        return self.dense_bytes / self.bytes_recv if self.bytes_recv else float("inf") if self.dense_bytes else 1.0
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d.update(density=self.density, compression_ratio=self.compression_ratio)
-        return d
 
 
 def dense_allreduce_bytes(numel: int, world_size: int, itemsize: int = 4) -> int:
@@ -58,20 +58,74 @@ def dense_allreduce_bytes(numel: int, world_size: int, itemsize: int = 4) -> int
     return 2 * numel * itemsize * (world_size - 1) // world_size
 
 
+@dataclass(frozen=True)
+class Cost:
+    """Closed-form traffic of one step for one rank, in 4-byte words received (a pair = 2 words) and
+    messages sent, in the paper's model; low == high where the volume is one number."""
+
+    low: float
+    high: float
+    messages: float
+    formula: str  # the same, in words, e.g. "2k(P-1)"
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    def check(self, name: str) -> None:
+        pass
+
+
+def parse_options(name: str, options_cls, raw: dict):
+    """`raw` (compression.options) as an instance of the algorithm's Options dataclass: unknown keys,
+    wrong types and bad values raise ValueError naming compression.options.<key>."""
+    fields = {f.name: f for f in dataclasses.fields(options_cls)}
+    hints = typing.get_type_hints(options_cls)
+    values = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise ValueError(f"unknown option compression.options.{key} for algorithm {name!r}; "
+                             f"its options: {', '.join(sorted(fields)) or 'none'}")
+        hint = hints[key]
+        if hint is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):
+            raise ValueError(f"compression.options.{key} of {name!r} must be {hint.__name__}, got {value!r}")
+        values[key] = value
+    options = options_cls(**values)
+    options.check(name)
+    return options
+
+
 class Compressor:
     """Base of every algorithm. `name` is the registry key (see compression/__init__.py)."""
 
     name = "base"
+    Options = NoOptions  # the algorithm's own settings: a frozen dataclass with defaults and check(name)
 
-    def __init__(self, comm: Communicator, numel: int, density: float = 1.0):
+    def __init__(self, comm: Communicator, numel: int, density: float = 1.0, device: str | torch.device = "cpu",
+                 shapes: typing.Sequence[torch.Size] | None = None, **options):
         if not 0.0 < density <= 1.0:
             raise ValueError(f"density must be in (0, 1], got {density}")
         self.comm = comm
         self.numel = numel
         self.density = density
         self.k = max(1, int(round(density * numel)))
+        self.device = torch.device(device)
+        self.shapes = [torch.Size(s) for s in shapes] if shapes is not None else [torch.Size([numel])]
+        if sum(s.numel() for s in self.shapes) != numel:
+            raise ValueError(f"{self.name}: parameter shapes hold {sum(s.numel() for s in self.shapes)} "
+                             f"entries, the gradient has {numel}")
+        self.options = parse_options(self.name, self.Options, options)
 
-    def step(self, flat_grad: torch.Tensor, step: int) -> StepStats:
+    @staticmethod
+    def cost(n: int, k: int, P: int) -> Cost:
+        """Closed-form words received and messages sent per rank per step (see Cost)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.name} at density {self.density:g}"
+
+    def step(self, flat_grad: torch.Tensor) -> StepStats:
         raise NotImplementedError
 
     def state_dict(self) -> dict:
@@ -102,22 +156,22 @@ class Exchange:
 class SparseCompressor(Compressor):
     """Error feedback around `exchange`. The residual buffer holds acc during the exchange."""
 
-    def __init__(self, comm: Communicator, numel: int, density: float, device: str | torch.device = "cpu"):
-        super().__init__(comm, numel, density)
-        self.residual = torch.zeros(numel, dtype=torch.float32, device=device)
-        self.index_dtype = torch.int32 if numel < 2**31 else torch.int64
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.residual = torch.zeros(self.numel, dtype=torch.float32, device=self.device)
+        self.index_dtype = torch.int32 if self.numel < 2**31 else torch.int64
 
-    def exchange(self, acc: torch.Tensor, step: int) -> Exchange:
+    def exchange(self, acc: torch.Tensor) -> Exchange:
         raise NotImplementedError
 
-    def step(self, flat_grad: torch.Tensor, step: int) -> StepStats:
+    def step(self, flat_grad: torch.Tensor) -> StepStats:
         # The trainer agrees across ranks to skip non-finite steps before calling us, so a
         # non-finite value here is a bug; refusing it keeps the residual clean.
         if not all_finite(flat_grad):
-            raise FloatingPointError(f"{self.name}: non-finite gradient reached the compressor at step {step}")
+            raise FloatingPointError(f"{self.name}: non-finite gradient reached the compressor")
         before = self.comm.counts()
         self.residual += flat_grad  # residual now holds acc = grad + residual
-        ex = self.exchange(self.residual, step)
+        ex = self.exchange(self.residual)
         flat_grad.zero_()
         flat_grad[ex.indices.long()] = ex.values.to(flat_grad.dtype) / self.comm.size
         self.residual[ex.applied.long()] = 0.0

@@ -14,26 +14,40 @@ Then an allgatherv of every rank's pairs (sizes vary, so they are exchanged firs
 scatter-add; every local selection is applied. Volume ~2k(P-1) words, like TopkA.
 """
 import math
+from dataclasses import dataclass
 from statistics import NormalDist
 
 import torch
 
-from sparse_asr.compression.base import Exchange, SparseCompressor, Timer, pack_pairs, unpack_pairs
+from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, unpack_pairs
 from sparse_asr.compression.topk_allgather import sum_pairs
+
+
+@dataclass(frozen=True)
+class GaussiankOptions:
+    tolerance: float = 2.0  # a count in [k / tolerance, k * tolerance] is accepted
+    max_adjust: int = 4  # threshold corrections at most per step
+
+    def check(self, name: str) -> None:
+        if self.tolerance < 1.0:
+            raise ValueError(f"{name}: compression.options.tolerance must be >= 1, got {self.tolerance}")
+        if self.max_adjust < 0:
+            raise ValueError(f"{name}: compression.options.max_adjust must be >= 0, got {self.max_adjust}")
 
 
 class Gaussiank(SparseCompressor):
     name = "gaussiank"
+    Options = GaussiankOptions
 
-    def __init__(self, comm, numel: int, density: float, device="cpu", tolerance: float = 2.0, max_adjust: int = 4):
-        super().__init__(comm, numel, density, device)
-        if tolerance < 1.0:
-            raise ValueError(f"gaussiank: tolerance must be >= 1, got {tolerance}")
-        if max_adjust < 0:
-            raise ValueError(f"gaussiank: max_adjust must be >= 0, got {max_adjust}")
-        self.tolerance = tolerance
-        self.max_adjust = max_adjust
-        self.z = NormalDist().inv_cdf(1.0 - density / 2.0) if density < 1.0 else 0.0
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tolerance = self.options.tolerance
+        self.max_adjust = self.options.max_adjust
+        self.z = NormalDist().inv_cdf(1.0 - self.density / 2.0) if self.density < 1.0 else 0.0
+
+    @staticmethod
+    def cost(n: int, k: int, P: int) -> Cost:
+        return Cost(2 * k * (P - 1), 2 * k * (P - 1), 2 * (P - 1), "2k(P-1)")
 
     def select(self, acc: torch.Tensor) -> tuple[torch.Tensor, float, int]:
         """(selected indices ascending, final threshold, corrections made)."""
@@ -57,7 +71,7 @@ class Gaussiank(SparseCompressor):
                 t = math.sqrt(lower * upper)
         return torch.nonzero(deviation >= t).flatten(), t, adjust
 
-    def exchange(self, acc: torch.Tensor, step: int) -> Exchange:
+    def exchange(self, acc: torch.Tensor) -> Exchange:
         with Timer() as timer:
             local, threshold, adjusts = self.select(acc)
             send = pack_pairs(local.to(self.index_dtype), acc[local])

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from sparse_asr.compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
 from sparse_asr.compression.selection import topk_indices
 
 TAG_UP, TAG_DOWN = 201, 202
@@ -56,7 +56,13 @@ def merge_topk(a_idx, a_val, b_idx, b_val, k: int) -> tuple[torch.Tensor, torch.
 class GTopk(SparseCompressor):
     name = "gtopk"
 
-    def exchange(self, acc: torch.Tensor, step: int) -> Exchange:
+    @staticmethod
+    def cost(n: int, k: int, P: int) -> Cost:
+        """Critical path at the root: k pairs up and k pairs down per round."""
+        rounds = math.ceil(math.log2(P)) if P > 1 else 0
+        return Cost(4 * k * rounds, 4 * k * rounds, 2 * rounds, "4k ceil(log2 P)")
+
+    def exchange(self, acc: torch.Tensor) -> Exchange:
         P, i = self.comm.size, self.comm.rank
         kk = min(self.k, self.numel)
         pb = pair_bytes(self.index_dtype)

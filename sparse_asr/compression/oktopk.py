@@ -28,12 +28,14 @@ torch.distributed. (On this project's 2-core machine a timing comparison would b
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
-from sparse_asr.comm.communicator import Communicator
-from sparse_asr.compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
 from sparse_asr.compression.selection import isin_sorted, kth_largest_magnitude_radix, threshold_indices, topk_threshold_select
 
 # A reused threshold is lowered by a factor (1 - s) when its count fell below 3k/4 and raised by
@@ -92,30 +94,29 @@ def balanced_regions(hist: torch.Tensor, numel: int, parts: int) -> list[int]:
     return bounds + [numel]
 
 
+@dataclass(frozen=True)
+class OkTopkOptions:
+    local_threshold_interval: int = 32  # exact local threshold every N steps (reused in between)
+    global_threshold_interval: int = 32  # exact global threshold every N steps
+    repartition_interval: int = 64  # regions rebalanced every N steps
+
+    def check(self, name: str) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 1:
+                raise ValueError(f"{name}: compression.options.{f.name} must be a positive integer, "
+                                 f"got {getattr(self, f.name)!r}")
+
+
 class OkTopk(SparseCompressor):
     name = "oktopk"
+    Options = OkTopkOptions
 
-    def __init__(
-        self,
-        comm: Communicator,
-        numel: int,
-        density: float,
-        device: str | torch.device = "cpu",
-        local_threshold_interval: int = 32,
-        global_threshold_interval: int = 32,
-        repartition_interval: int = 64,
-    ):
-        super().__init__(comm, numel, density, device)
-        for key, value in (
-            ("local_threshold_interval", local_threshold_interval),
-            ("global_threshold_interval", global_threshold_interval),
-            ("repartition_interval", repartition_interval),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"oktopk: compression.options.{key} must be a positive integer, got {value!r}")
-        self.local_threshold_interval = local_threshold_interval
-        self.global_threshold_interval = global_threshold_interval
-        self.repartition_interval = repartition_interval
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        comm, numel = self.comm, self.numel
+        self.local_threshold_interval = self.options.local_threshold_interval
+        self.global_threshold_interval = self.options.global_threshold_interval
+        self.repartition_interval = self.options.repartition_interval
         # Everything below is state a checkpoint must carry to resume exactly.
         self.sparse_steps = 0  # exchanges done so far (the intervals count these)
         self.local_threshold = 0.0
@@ -125,8 +126,15 @@ class OkTopk(SparseCompressor):
         P = comm.size
         self.boundaries = [numel * j // P for j in range(P + 1)]  # replaced on the first step
 
+    @staticmethod
+    def cost(n: int, k: int, P: int) -> Cost:
+        """The paper's bounds: k pairs reduced and k pairs allgathered when the regions are balanced,
+        up to three times that (its 6k(P-1)/P) when they are not."""
+        rounds = math.ceil(math.log2(P)) if P > 1 else 0
+        return Cost(2 * k * (P - 1) / P, 6 * k * (P - 1) / P, 2 * (P - 1) + 2 * rounds, "[2k(P-1)/P, 6k(P-1)/P]")
+
     # ------------------------------------------------------------------ one step
-    def exchange(self, acc: torch.Tensor, step: int) -> Exchange:
+    def exchange(self, acc: torch.Tensor) -> Exchange:
         comm, k = self.comm, self.k
         repartition = self._repartition_due()
         figures = {f"{d}_{phase}": 0.0 for phase in PHASES for d in ("bytes_recv", "bytes_sent", "seconds")}

@@ -6,7 +6,7 @@ and receives the others' (P-1)k' pairs (2k(P-1) words in the paper's model).
 """
 import torch
 
-from sparse_asr.compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
 from sparse_asr.compression.selection import topk_indices
 
 
@@ -22,7 +22,11 @@ def sum_pairs(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor
 class TopkAllgather(SparseCompressor):
     name = "topka"
 
-    def exchange(self, acc: torch.Tensor, step: int) -> Exchange:
+    @staticmethod
+    def cost(n: int, k: int, P: int) -> Cost:
+        return Cost(2 * k * (P - 1), 2 * k * (P - 1), P - 1, "2k(P-1)")
+
+    def exchange(self, acc: torch.Tensor) -> Exchange:
         with Timer() as t:
             local = topk_indices(acc, self.k)
             send = pack_pairs(local.to(self.index_dtype), acc[local])

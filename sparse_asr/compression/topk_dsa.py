@@ -19,25 +19,42 @@ Volume per rank (paper's model, in 4-byte words, regions equally loaded): reduce
 2k(P-1)/P, allgather between 2k(P-1)/P (all ranks chose the same indices) and
 min(2k(P-1), n(P-1)/P) (no overlap, or dense regions).
 """
+from dataclasses import dataclass
+
 import torch
 
-from sparse_asr.compression.base import Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
 from sparse_asr.compression.selection import topk_indices
 from sparse_asr.compression.topk_allgather import sum_pairs
 
 
+@dataclass(frozen=True)
+class TopkDSAOptions:
+    dense_switch: float = 1 / 3  # a region whose union fills more than this fraction is sent dense
+
+    def check(self, name: str) -> None:
+        if not 0.0 < self.dense_switch <= 1.0:
+            raise ValueError(f"{name}: compression.options.dense_switch must be in (0, 1], got {self.dense_switch}")
+
+
 class TopkDSA(SparseCompressor):
     name = "topkdsa"
+    Options = TopkDSAOptions
 
-    def __init__(self, comm, numel: int, density: float, device="cpu", dense_switch: float = 1 / 3):
-        super().__init__(comm, numel, density, device)
-        if not 0.0 < dense_switch <= 1.0:
-            raise ValueError(f"topkdsa: dense_switch must be in (0, 1], got {dense_switch}")
-        self.dense_switch = dense_switch
-        P = comm.size
-        self.bounds = [j * numel // P for j in range(P + 1)]  # region j = [bounds[j], bounds[j+1])
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dense_switch = self.options.dense_switch
+        P = self.comm.size
+        self.bounds = [j * self.numel // P for j in range(P + 1)]  # region j = [bounds[j], bounds[j+1])
 
-    def exchange(self, acc: torch.Tensor, step: int) -> Exchange:
+    @staticmethod
+    def cost(n: int, k: int, P: int) -> Cost:
+        """Reduce-scatter of k pairs, then an allgather of the union: k pairs per rank when all ranks
+        selected the same entries, the whole union (or dense regions) when they are disjoint."""
+        return Cost(4 * k * (P - 1) / P, 2 * k * (P - 1) / P + min(2 * k * (P - 1), n * (P - 1) / P), 2 * (P - 1),
+                    "[4k(P-1)/P, 2k(P-1)/P + min(2k(P-1), n(P-1)/P)]")
+
+    def exchange(self, acc: torch.Tensor) -> Exchange:
         P, r = self.comm.size, self.comm.rank
         pb = pair_bytes(self.index_dtype)
         with Timer() as t:

@@ -15,13 +15,14 @@ import csv
 import io
 import math
 import os
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import soundfile
+
+from sparse_asr.fileio import atomic_write
 
 COLUMNS = ["audio", "duration", "transcript", "utt_id", "speaker"]
 OURS, LEGACY = "ours", "legacy"
@@ -141,18 +142,7 @@ def write_text_atomic(path, text: str) -> bool:
     path = Path(path)
     if path.is_file() and path.read_text(encoding="utf-8") == text:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
     return True
 
 

@@ -81,7 +81,7 @@ def check_case(comm, name, density, options):
         residual_before = comp.residual.numpy().copy() if sparse else np.zeros(N, np.float32)
         flat = torch.from_numpy(grad.copy())
         meta_before = comm.counts("meta")
-        stats = comp.step(flat, step)
+        stats = comp.step(flat)
         update = flat.numpy().copy()
         where = f"{name} density={density} P={P} rank={rank} step={step}"
 
@@ -137,7 +137,7 @@ def check_case(comm, name, density, options):
         bad = torch.from_numpy(gradient(STEPS, rank))
         bad[7] = float("nan")
         try:
-            comp.step(bad, STEPS)
+            comp.step(bad)
         except FloatingPointError:
             pass
         else:

@@ -89,7 +89,7 @@ def check_exact():
         acc = gather(comp.residual + grad)
         out_ref, res_ref = reference_step(acc, comp.k)
         flat = grad.clone()
-        stats = comp.step(flat, step)
+        stats = comp.step(flat)
         assert stats.selected_local == comp.k, (step, stats.selected_local, comp.k)
         assert stats.selected_global == comp.k, (step, stats.selected_global, comp.k)
         assert np.array_equal(np.flatnonzero(flat.numpy()), np.flatnonzero(out_ref)), f"step {step}: support differs"
@@ -102,7 +102,7 @@ def check_step_invariants(comp, grad, step, stats_log):
     before = comp.residual.clone()
     acc = before + grad
     flat = grad.clone()
-    stats = comp.step(flat, step)
+    stats = comp.step(flat)
     stats_log.append(stats)
     # Residual: acc with exactly S_r ∩ G zeroed (S_r from the threshold used, G = output support).
     in_s = acc.abs() >= stats.extra["local_threshold"]
@@ -180,7 +180,7 @@ def check_volume():
     recv = []
     for step in range(steps):
         flat = grads.next()
-        recv.append(comp.step(flat, step).bytes_recv)  # everything: pairs, counts, histograms
+        recv.append(comp.step(flat).bytes_recv)  # everything: pairs, counts, histograms
     mean_recv = float(np.mean(recv))
     bound = 6 * comp.k * (P - 1) / P * 4
     lower = 2 * comp.k * (P - 1) / P * 4
@@ -198,13 +198,13 @@ def check_resume():
     grads = CorrelatedGradients(n, seed=3)
     seq = [grads.next() for _ in range(14)]
     for step in range(7):
-        a.step(seq[step].clone(), step)
+        a.step(seq[step].clone())
     b = make()
     b.load_state_dict(a.state_dict())
     for step in range(7, 14):
         fa, fb = seq[step].clone(), seq[step].clone()
-        a.step(fa, step)
-        b.step(fb, step)
+        a.step(fa)
+        b.step(fb)
         assert torch.equal(fa, fb) and torch.equal(a.residual, b.residual), f"resumed run diverged at step {step}"
 
 

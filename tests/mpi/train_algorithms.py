@@ -6,7 +6,7 @@ Checks, for every algorithm: replicas stay bit-identical (the trainer's checksum
 independent hash of all parameters at the end, compared over ranks); after the dense warm-up the
 update is sparse (comm/dense 0, density well below 1, fewer bytes than dense) and Ok-Topk's own
 figures are logged (comm/oktopk/*); optionally the loss falls.
-Once: a replica perturbed on the last rank is caught by Trainer.check_replicas on every rank.
+Once: a replica perturbed on the last rank is caught by training.replicas.check_replicas on every rank.
 Any failure aborts the whole job (non-zero exit).
 """
 import hashlib
@@ -17,9 +17,9 @@ import torch
 
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import COMPRESSORS
-from tests.mpi.train_common import epoch_losses, read_metrics, run_training, tiny_overrides
+from tests.mpi.train_common import epoch_losses, read_metrics, tiny_overrides, train_and_keep
 from sparse_asr.training.runtime import run_or_abort
-from sparse_asr.training.trainer import Trainer
+from sparse_asr.training import replicas
 
 WARMUP = 2
 
@@ -30,23 +30,15 @@ def parameter_hash(trainer) -> str:
 
 def main(comm, manifests, out_dir, epochs, utterances, loss_must_fall):
     torch.set_num_threads(1)
-    trainers = []
-    original_fit = Trainer.fit
-
-    def fit(self):  # keep a handle on each run's trainer to inspect it afterwards
-        trainers.append(self)
-        return original_fit(self)
-
-    Trainer.fit = fit
     P = comm.size
     for algorithm in sorted(COMPRESSORS):
         name = f"{algorithm}-p{P}"
-        run_training(tiny_overrides(manifests, out_dir, name, compression__algorithm=algorithm,
+        trainer = train_and_keep(tiny_overrides(manifests, out_dir, name, compression__algorithm=algorithm,
                                     compression__density=0.05, compression__warmup_steps=WARMUP,
                                     train__epochs=epochs, train__global_batch_size=4 * P,
                                     data__max_train_utterances=utterances, train__eval_every_epochs=0,
                                     data__test_manifest="''", optim__lr=1e-3), comm)
-        hashes = comm.allgather_object(parameter_hash(trainers[-1]))
+        hashes = comm.allgather_object(parameter_hash(trainer))
         assert len(set(hashes)) == 1, f"{algorithm}: replicas differ after training: {hashes}"
         if comm.rank == 0:
             metrics = [m for m in read_metrics(Path(out_dir) / name) if m["kind"] == "train"]
@@ -62,11 +54,10 @@ def main(comm, manifests, out_dir, epochs, utterances, loss_must_fall):
                 assert losses[-1] < 0.9 * losses[0], f"{algorithm}: loss did not fall: {losses}"
             print(f"{algorithm}: P={P} epoch losses {[round(x, 2) for x in losses]}, replicas identical", flush=True)
 
-    trainer = trainers[-1]  # a perturbed replica must be caught, on every rank
-    with torch.no_grad():
+    with torch.no_grad():  # a perturbed replica must be caught, on every rank
         trainer.params[0].view(-1)[0] += 1e-3 if comm.rank == P - 1 else 0.0
     try:
-        trainer.check_replicas()
+        replicas.check_replicas(comm, trainer.params, trainer.progress.step)
         caught = P == 1
     except RuntimeError as e:
         caught = "replicas differ" in str(e)

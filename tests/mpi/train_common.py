@@ -34,6 +34,19 @@ def run_training(overrides: list[str], comm=None, resume: str = "") -> dict:
     return train.run(train.parse_args(argv), comm or Communicator())
 
 
+def train_and_keep(overrides: list[str], comm):
+    """Like run_training, but returns the Trainer after fit() (to inspect its replicas)."""
+    import train
+    from sparse_asr.training.config import load_config, resolve_for_run
+
+    trainer = train.build_trainer(resolve_for_run(load_config(SMOKE_CONFIG, overrides), comm), comm)
+    try:
+        trainer.fit()
+    finally:
+        trainer.log.close()
+    return trainer
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     """metrics.jsonl, parsed strictly (NaN or Infinity in the file is an error)."""
     def refuse(constant):

@@ -17,7 +17,7 @@ original = Trainer.train_step
 
 
 def train_step(self, batch):
-    if self.comm.rank == 1 and self.step == 3:
+    if self.comm.rank == 1 and self.progress.step == 3:
         print(f"INJECTED {time.time()}", file=sys.stderr, flush=True)
         raise RuntimeError("injected failure at step 3")
     return original(self, batch)

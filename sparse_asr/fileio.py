@@ -1,0 +1,32 @@
+"""The one way this project writes a file that others may read: atomically."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call `write(f)` on a temporary file beside `path`, fsync it, then rename it over `path`: readers
+    see the old file or the complete new one, never half a file. On any failure (a full disk, a kill
+    signal turned into an exception) the temporary file is removed, the old file is kept, and the error
+    names the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OSError(e.errno, f"could not write {path}: {e.strerror or e}") from e
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
