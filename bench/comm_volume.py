@@ -20,15 +20,10 @@ select overlapping indices, as in training) and e is Student-t (3 degrees of fre
 noise, a fixed per-rank draw (seeded by rank) rolled by a random offset every step (fresh noise
 without redrawing 27M numbers per step).
 
-Closed forms (4-byte words per rank per step; k = round(density * n); a pair = 2 words):
-  dense      2n(P-1)/P                                    ring allreduce
-  topka      2k(P-1)                                      allgather of k pairs
-  topkdsa    [4k(P-1)/P, 2k(P-1)/P + min(2k(P-1), n(P-1)/P)]  reduce-scatter + allgather of the union
-  gtopk      4k ceil(log2 P)                              critical path: k pairs up and down each round
-  gaussiank  2k(P-1)                                      allgatherv of ~k pairs
-  oktopk     [2k(P-1)/P, 6k(P-1)/P]                       lower bound and the paper's upper bound
-The measured column is words received per rank (mean over ranks; max over ranks in brackets);
-for gTopk the model counts the root's receives and sends together.
+Closed forms: each algorithm's own `cost(n, k, P)` (4-byte words received per rank per step, k =
+round(density * n), a pair = 2 words; see its file). The measured column is words received per rank
+(mean over ranks; max over ranks in brackets); for gTopk the model counts the root's receives and sends
+together.
 """
 import argparse
 import json
@@ -46,33 +41,6 @@ from sparse_asr.training.logging import reduce_over_ranks
 
 LAYERS = 40
 WORD = 4
-
-FORMULAS = {
-    "dense": "2n(P-1)/P",
-    "topka": "2k(P-1)",
-    "topkdsa": "[4k(P-1)/P, 2k(P-1)/P + min(2k(P-1), n(P-1)/P)]",
-    "gtopk": "4k ceil(log2 P)",
-    "gaussiank": "2k(P-1)",
-    "oktopk": "[2k(P-1)/P, 6k(P-1)/P]",
-}
-
-
-def model_words(name: str, n: int, k: int, P: int) -> tuple[float, float]:
-    """(low, high) words per rank per step in the paper's model; low == high where it is one number."""
-    if name == "dense":
-        w = 2 * n * (P - 1) / P
-        return w, w
-    if name in ("topka", "gaussiank"):
-        return 2 * k * (P - 1), 2 * k * (P - 1)
-    if name == "topkdsa":
-        return 4 * k * (P - 1) / P, 2 * k * (P - 1) / P + min(2 * k * (P - 1), n * (P - 1) / P)
-    if name == "gtopk":
-        w = 4 * k * math.ceil(math.log2(P)) if P > 1 else 0
-        return w, w
-    if name == "oktopk":
-        return 2 * k * (P - 1) / P, 6 * k * (P - 1) / P
-    return None, None  # an algorithm this table does not know yet
-
 
 class GradientSource:
     """Seeded synthetic gradients (see the module docstring). Shared parts use seed `seed`; the
@@ -169,13 +137,13 @@ def main():
     for name in algorithms:
         mine = measure(comm, name, args.numel, args.density, args.steps, source)
         figures = reduce_over_ranks(comm, mine)
-        low, high = model_words(name, args.numel, k, P)
+        cost = COMPRESSORS[name].cost(args.numel, k, P)
         records.append({
             "algorithm": name, "P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps,
             **figures,
             "messages": figures["messages_mean"],
             "selected_density": figures["selected_global_mean"] / args.numel,
-            "model_words_low": low, "model_words_high": high, "formula": FORMULAS.get(name, "n/a"),
+            "model_words_low": cost.low, "model_words_high": cost.high, "formula": cost.formula,
         })
         if comm.rank == 0:
             print(f"# {name}: done ({figures['seconds_step_mean']:.2f} s/step)", file=sys.stderr, flush=True)
@@ -184,7 +152,7 @@ def main():
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             config = {"P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps, "seed": args.seed}
-            args.json.write_text(json.dumps({"config": config, "formulas": FORMULAS, "records": records}, indent=1))
+            args.json.write_text(json.dumps({"config": config, "records": records}, indent=1))
 
 
 if __name__ == "__main__":

@@ -11,17 +11,11 @@ and the step time is t_compute(P) + t_selection + t_comm(P) (the trainer exchang
 backward pass, without overlap). Speedup = dense step time / algorithm step time at the same P.
 
 Volumes and message counts (per rank per step, application level as comm/communicator.py counts them):
-closed forms of DESIGN 4 and Li & Hoefler (PPoPP'22, Table 1), n = numel, k = round(density * n), a word =
-4 bytes, an (index, value) pair = 2 words:
-    dense      ring allreduce         2n(P-1)/P words            2(P-1) messages
-    topka      allgather of k pairs   2k(P-1) words              P-1
-    gaussiank  allgatherv, ~k pairs   2k(P-1) words              2(P-1)  (+ the count exchange)
-    gtopk      tree merge + bcast     4k ceil(log2 P) words      2 ceil(log2 P)
-    topkdsa    sparse reduce-scatter 2k(P-1)/P words, then allgather of the union U of the P selections
-               (U = n(1 - (1-density)^P): independent selections, the fill-in worst case), dense
-               (n(P-1)/P words) once U > n/3                                                 2(P-1)
-    oktopk     split-reduce 2k(P-1)/P + balanced allgatherv 2k(P-1)/P = 4k(P-1)/P words (the paper's
-               bounds: 2k(P-1)/P .. 6k(P-1)/P)                      2(P-1) + 2 ceil(log2 P)
+each algorithm's own closed form, `Cost.typical` and `Cost.messages` of its `cost(n, k, P)` (DESIGN 4 and
+Li & Hoefler, PPoPP'22, Table 1; see the algorithm's file), n = numel, k = round(density * n):
+    dense      ring allreduce 2n(P-1)/P words; topka 2k(P-1); gaussiank 2k(P-1); gtopk 4k ceil(log2 P);
+    topkdsa    reduce-scatter 2k(P-1)/P + allgather of the union of independent selections (dense past n/3);
+    oktopk     split-reduce 2k(P-1)/P + balanced allgatherv 2k(P-1)/P = 4k(P-1)/P (bounds 2k..6k (P-1)/P).
 Measured points (--measured: the JSON files of bench/comm_volume.py --json, one per P) replace the closed
 form at their P: bytes_recv_max and messages_max (messages sent; for gTopk bytes_recv_max + bytes_sent_max
 and 2 x messages_max, the root's receives and sends). In between and beyond, the closed form is scaled by
@@ -58,38 +52,22 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from sparse_asr.compression import COMPRESSORS
+
 ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk"]
 LSTMAN4_NUMEL = 27_569_568  # DESIGN 5
 WORD = 4  # bytes: a float32 value or an int32 index
 DEFAULT_RANKS = [4, 8, 16, 32, 64, 128, 256]
 
 
-def log2_ceil(P: int) -> int:
-    return max(0, math.ceil(math.log2(P)))
-
-
 def closed_form(algorithm: str, P: int, numel: int, density: float) -> tuple[float, float]:
-    """(bytes received, messages) by one rank in one step: see the module docstring."""
-    n, k = float(numel), float(max(1, round(density * numel)))
+    """(bytes received, messages) by one rank in one step: the algorithm's own typical cost."""
+    if algorithm not in COMPRESSORS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; known: {sorted(COMPRESSORS)}")
     if P <= 1:
         return 0.0, 0.0
-    if algorithm == "dense":
-        words, messages = 2 * n * (P - 1) / P, 2 * (P - 1)
-    elif algorithm == "topka":
-        words, messages = 2 * k * (P - 1), P - 1
-    elif algorithm == "gaussiank":
-        words, messages = 2 * k * (P - 1), 2 * (P - 1)
-    elif algorithm == "gtopk":
-        words, messages = 4 * k * log2_ceil(P), 2 * log2_ceil(P)
-    elif algorithm == "topkdsa":
-        union = n * (1 - (1 - density) ** P)
-        gathered = 2 * union if union <= n / 3 else n
-        words, messages = (2 * k + gathered) * (P - 1) / P, 2 * (P - 1)
-    elif algorithm == "oktopk":
-        words, messages = 4 * k * (P - 1) / P, 2 * (P - 1) + 2 * log2_ceil(P)
-    else:
-        raise ValueError(f"unknown algorithm {algorithm!r}; known: {ALGORITHMS}")
-    return words * WORD, float(messages)
+    cost = COMPRESSORS[algorithm].cost(numel, max(1, round(density * numel)), P)
+    return cost.typical * WORD, float(cost.messages)
 
 
 # ---------------------------------------------------------------------------------------- measured input

@@ -4,10 +4,15 @@ torch code they check (other data structures, float64 sums, closed forms).
 Every reference takes ALL ranks' accumulated gradients `accs` (list of float32 arrays, rank order)
 and returns what the compressors must produce: the global update SUM (float64, length n, not yet
 divided by P) and each rank's applied index set (sorted int64 arrays).
+
+REFERENCES (at the end) maps every registered algorithm to its reference and the cases that check it;
+tests/mpi/compressor_check.py iterates compression.COMPRESSORS and fails for an algorithm missing here.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -157,3 +162,93 @@ def gaussiank_select(acc: np.ndarray, density: float, tolerance: float = 2.0, ma
 def gaussiank_reference(accs: list[np.ndarray], density: float, **options):
     selections = [gaussiank_select(a, density, **options) for a in accs]
     return sum_selections(accs, selections), union(selections), selections
+
+
+# ---------------------------------------------------------------- Ok-Topk (every interval = 1: exact thresholds)
+def oktopk_reference(accs: list[np.ndarray], k: int):
+    """Local exact top-k, sum, exact global top-k of the sum; applied = S_r ∩ G."""
+    acc = np.stack(accs)
+    mag = np.abs(acc.astype(np.float32))
+    selected = np.zeros(acc.shape, dtype=bool)
+    for r in range(acc.shape[0]):
+        selected[r, np.argsort(-mag[r], kind="stable")[:k]] = True
+    reduced = np.where(selected, acc.astype(np.float64), 0.0).sum(axis=0)
+    support = np.flatnonzero(selected.any(axis=0))
+    chosen = np.sort(support[np.argsort(-np.abs(reduced[support]), kind="stable")[:k]])
+    total = np.zeros(acc.shape[1])
+    total[chosen] = reduced[chosen]
+    applied = [np.intersect1d(np.flatnonzero(selected[r]), chosen) for r in range(acc.shape[0])]
+    return total, chosen, applied
+
+
+# ---------------------------------------------------------------- the registry of references
+@dataclass
+class Expected:
+    """What one step must produce: the update SUM (float64), the global indices, the applied index set per
+    rank (None for dense), exact (sent, received) bytes per rank (None: checked elsewhere), extra figures."""
+
+    total: np.ndarray
+    indices: np.ndarray
+    applied: list[np.ndarray] | None
+    volumes: list[tuple[int, int]] | None
+    extra: dict = field(default_factory=dict)
+
+
+def dense_expected(accs, k, density, options):
+    n, P = accs[0].size, len(accs)
+    volume = ring_allreduce_bytes(n, P)
+    return Expected(np.sum([a.astype(np.float64) for a in accs], axis=0), np.arange(n), None, [(volume, volume)] * P)
+
+
+def topka_expected(accs, k, density, options):
+    total, indices, applied = topka_reference(accs, k)
+    return Expected(total, indices, applied, [topka_bytes(accs[0].size, k, len(accs))] * len(accs))
+
+
+def topkdsa_expected(accs, k, density, options):
+    total, indices, applied = topka_reference(accs, k)
+    volumes, dense = topkdsa_volume(applied, accs[0].size, options.get("dense_switch", 1 / 3))
+    return Expected(total, indices, applied, volumes, {"dense_regions": dense})
+
+
+def gtopk_expected(accs, k, density, options):
+    total, indices, applied = gtopk_reference(accs, k)
+    return Expected(total, indices, applied, gtopk_bytes(accs[0].size, k, len(accs)))
+
+
+def gaussiank_expected(accs, k, density, options):
+    total, indices, applied = gaussiank_reference(accs, density, **options)
+    P, counts, meta = len(accs), [a.size for a in applied], meta_bytes(len(accs))
+    volumes = [(c * PAIR_BYTES * (P - 1) + meta, (sum(counts) - c) * PAIR_BYTES + meta) for c in counts]
+    return Expected(total, indices, applied, volumes)
+
+
+def oktopk_expected(accs, k, density, options):
+    total, indices, applied = oktopk_reference(accs, k)
+    return Expected(total, indices, applied, None)  # data-dependent volume: tests/mpi/oktopk_check.py bounds it
+
+
+@dataclass(frozen=True)
+class Reference:
+    expected: Callable  # (accs, k, density, options) -> Expected
+    cases: list  # (density, options) to check
+    extra_check: Callable | None = None  # (density, P, summed extras over the run) -> None: branches exercised
+
+
+def _topkdsa_went_dense(density, P, extras):
+    assert (extras.get("dense_regions", 0) > 0) == (density > 0.1 and P > 1), (density, P, extras)
+
+
+def _gaussiank_adjusted(density, P, extras):
+    assert extras.get("threshold_adjustments", 0) > 0, "heavy tails should have needed threshold corrections"
+
+
+EXACT_OKTOPK = {"local_threshold_interval": 1, "global_threshold_interval": 1, "repartition_interval": 1}
+REFERENCES = {
+    "dense": Reference(dense_expected, [(1.0, {})]),
+    "topka": Reference(topka_expected, [(0.02, {})]),
+    "topkdsa": Reference(topkdsa_expected, [(0.02, {}), (0.25, {"dense_switch": 0.3})], _topkdsa_went_dense),
+    "gtopk": Reference(gtopk_expected, [(0.02, {}), (0.3, {}), (1.0, {})]),  # 0.3: many drops at merges; 1.0: k = n
+    "gaussiank": Reference(gaussiank_expected, [(0.02, {})], _gaussiank_adjusted),
+    "oktopk": Reference(oktopk_expected, [(0.02, EXACT_OKTOPK)]),
+}

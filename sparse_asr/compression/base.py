@@ -61,10 +61,12 @@ def dense_allreduce_bytes(numel: int, world_size: int, itemsize: int = 4) -> int
 @dataclass(frozen=True)
 class Cost:
     """Closed-form traffic of one step for one rank, in 4-byte words received (a pair = 2 words) and
-    messages sent, in the paper's model; low == high where the volume is one number."""
+    messages sent, in the paper's model: its range (low == high where the volume is one number) and the
+    typical value inside it that projections use (bench/project_scaling.py)."""
 
     low: float
     high: float
+    typical: float
     messages: float
     formula: str  # the same, in words, e.g. "2k(P-1)"
 

@@ -10,7 +10,7 @@ class DenseAllreduce(Compressor):
     @staticmethod
     def cost(n: int, k: int, P: int) -> Cost:
         words = 2 * n * (P - 1) / P
-        return Cost(words, words, 2 * (P - 1), "2n(P-1)/P")
+        return Cost(words, words, words, 2 * (P - 1), "2n(P-1)/P")
 
     def describe(self) -> str:
         return "dense allreduce"

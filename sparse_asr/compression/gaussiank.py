@@ -47,7 +47,8 @@ class Gaussiank(SparseCompressor):
 
     @staticmethod
     def cost(n: int, k: int, P: int) -> Cost:
-        return Cost(2 * k * (P - 1), 2 * k * (P - 1), 2 * (P - 1), "2k(P-1)")
+        words = 2 * k * (P - 1)  # ~k pairs from every rank, after a count exchange
+        return Cost(words, words, words, 2 * (P - 1), "2k(P-1)")
 
     def select(self, acc: torch.Tensor) -> tuple[torch.Tensor, float, int]:
         """(selected indices ascending, final threshold, corrections made)."""

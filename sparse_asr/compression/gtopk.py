@@ -60,7 +60,7 @@ class GTopk(SparseCompressor):
     def cost(n: int, k: int, P: int) -> Cost:
         """Critical path at the root: k pairs up and k pairs down per round."""
         rounds = math.ceil(math.log2(P)) if P > 1 else 0
-        return Cost(4 * k * rounds, 4 * k * rounds, 2 * rounds, "4k ceil(log2 P)")
+        return Cost(4 * k * rounds, 4 * k * rounds, 4 * k * rounds, 2 * rounds, "4k ceil(log2 P)")
 
     def exchange(self, acc: torch.Tensor) -> Exchange:
         P, i = self.comm.size, self.comm.rank

@@ -128,10 +128,11 @@ class OkTopk(SparseCompressor):
 
     @staticmethod
     def cost(n: int, k: int, P: int) -> Cost:
-        """The paper's bounds: k pairs reduced and k pairs allgathered when the regions are balanced,
-        up to three times that (its 6k(P-1)/P) when they are not."""
+        """The paper's bounds [2k(P-1)/P, 6k(P-1)/P]; typically k pairs reduced to balanced regions and k
+        pairs allgathered, 4k(P-1)/P. Messages: the reduce and the allgather, plus the threshold rounds."""
         rounds = math.ceil(math.log2(P)) if P > 1 else 0
-        return Cost(2 * k * (P - 1) / P, 6 * k * (P - 1) / P, 2 * (P - 1) + 2 * rounds, "[2k(P-1)/P, 6k(P-1)/P]")
+        return Cost(2 * k * (P - 1) / P, 6 * k * (P - 1) / P, 4 * k * (P - 1) / P, 2 * (P - 1) + 2 * rounds,
+                    "[2k(P-1)/P, 6k(P-1)/P]")
 
     # ------------------------------------------------------------------ one step
     def exchange(self, acc: torch.Tensor) -> Exchange:

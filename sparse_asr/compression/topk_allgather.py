@@ -24,7 +24,8 @@ class TopkAllgather(SparseCompressor):
 
     @staticmethod
     def cost(n: int, k: int, P: int) -> Cost:
-        return Cost(2 * k * (P - 1), 2 * k * (P - 1), P - 1, "2k(P-1)")
+        words = 2 * k * (P - 1)
+        return Cost(words, words, words, P - 1, "2k(P-1)")
 
     def exchange(self, acc: torch.Tensor) -> Exchange:
         with Timer() as t:

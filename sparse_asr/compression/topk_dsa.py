@@ -49,10 +49,13 @@ class TopkDSA(SparseCompressor):
 
     @staticmethod
     def cost(n: int, k: int, P: int) -> Cost:
-        """Reduce-scatter of k pairs, then an allgather of the union: k pairs per rank when all ranks
-        selected the same entries, the whole union (or dense regions) when they are disjoint."""
-        return Cost(4 * k * (P - 1) / P, 2 * k * (P - 1) / P + min(2 * k * (P - 1), n * (P - 1) / P), 2 * (P - 1),
-                    "[4k(P-1)/P, 2k(P-1)/P + min(2k(P-1), n(P-1)/P)]")
+        """Reduce-scatter of k pairs, then an allgather of the union U: k pairs per rank when all ranks
+        selected the same entries, the whole union (or dense regions) when they are disjoint. Typical:
+        independent selections, U = n(1 - (1 - k/n)^P), gathered dense once U > n/3."""
+        union = n * (1 - (1 - k / n) ** P)
+        typical = (2 * k + (2 * union if union <= n / 3 else n)) * (P - 1) / P
+        return Cost(4 * k * (P - 1) / P, 2 * k * (P - 1) / P + min(2 * k * (P - 1), n * (P - 1) / P), typical,
+                    2 * (P - 1), "[4k(P-1)/P, 2k(P-1)/P + min(2k(P-1), n(P-1)/P)]")
 
     def exchange(self, acc: torch.Tensor) -> Exchange:
         P, r = self.comm.size, self.comm.rank

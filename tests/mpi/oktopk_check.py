@@ -21,6 +21,7 @@ from mpi4py import MPI
 import sparse_asr.compression.oktopk as oktopk_module
 from sparse_asr.comm import Communicator
 from sparse_asr.compression.oktopk import OkTopk
+from tests.reference import oktopk_reference
 
 comm = Communicator()
 P, RANK = comm.size, comm.rank
@@ -64,19 +65,12 @@ class CorrelatedGradients:
 
 
 def reference_step(acc: np.ndarray, k: int):
-    """Numpy Ok-Topk with exact thresholds. acc: (P, n). Returns (output, residuals)."""
-    mag = np.abs(acc.astype(np.float32))
-    selected = np.zeros(acc.shape, dtype=bool)
-    for r in range(acc.shape[0]):
-        selected[r, np.argsort(-mag[r], kind="stable")[:k]] = True
-    reduced = np.where(selected, acc, 0.0).sum(axis=0)
-    support = np.flatnonzero(selected.any(axis=0))
-    chosen = support[np.argsort(-np.abs(reduced[support]), kind="stable")[:k]]
-    in_g = np.zeros(acc.shape[1], dtype=bool)
-    in_g[chosen] = True
-    output = np.where(in_g, reduced, 0.0) / acc.shape[0]
-    residuals = np.where(selected & in_g, 0.0, acc)
-    return output, residuals
+    """tests/reference.py's Ok-Topk for acc (P, n): (output, residuals)."""
+    total, _, applied = oktopk_reference(list(acc), k)
+    residuals = acc.copy()
+    for r, idx in enumerate(applied):
+        residuals[r, idx] = 0.0
+    return total / acc.shape[0], residuals
 
 
 def check_exact():
