@@ -234,6 +234,15 @@ def unpack_pairs(buf: torch.Tensor, index_dtype: torch.dtype) -> tuple[torch.Ten
     return indices, values
 
 
+def sum_pairs(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum the values of duplicate indices: (distinct indices ascending, their sums). Sorting the
+    P*k received indices is cheaper than touching an n-long buffer (allocating it alone costs more)."""
+    unique, inverse = torch.unique(indices.long(), return_inverse=True)
+    sums = torch.zeros(unique.numel(), dtype=torch.float32, device=values.device)
+    sums.index_add_(0, inverse, values.to(torch.float32))
+    return unique, sums
+
+
 class Timer:
     """`with Timer() as t: ...; t.seconds` -- for selection time in `exchange`."""
 

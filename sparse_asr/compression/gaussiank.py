@@ -19,8 +19,7 @@ from statistics import NormalDist
 
 import torch
 
-from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, unpack_pairs
-from sparse_asr.compression.topk_allgather import sum_pairs
+from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, sum_pairs, unpack_pairs
 
 
 @dataclass(frozen=True)

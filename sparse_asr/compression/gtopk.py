@@ -24,7 +24,8 @@ import math
 
 import torch
 
-from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.base import (Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, sum_pairs,
+                                         unpack_pairs)
 from sparse_asr.compression.selection import topk_indices
 
 TAG_UP, TAG_DOWN = 201, 202
@@ -46,9 +47,7 @@ def unpack_bits(packed: torch.Tensor, m: int) -> torch.Tensor:
 
 def merge_topk(a_idx, a_val, b_idx, b_val, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum two sparse sets and keep the k entries of largest |sum| (indices ascending)."""
-    idx, inverse = torch.unique(torch.cat([a_idx, b_idx]), return_inverse=True)
-    val = torch.zeros(idx.numel(), dtype=torch.float32, device=a_val.device)
-    val.index_add_(0, inverse, torch.cat([a_val, b_val]))
+    idx, val = sum_pairs(torch.cat([a_idx, b_idx]), torch.cat([a_val, b_val]))
     keep = torch.sort(torch.topk(val.abs(), k, sorted=False).indices).values
     return idx[keep], val[keep]
 

@@ -6,17 +6,9 @@ and receives the others' (P-1)k' pairs (2k(P-1) words in the paper's model).
 """
 import torch
 
-from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.base import (Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, sum_pairs,
+                                         unpack_pairs)
 from sparse_asr.compression.selection import topk_indices
-
-
-def sum_pairs(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum the values of duplicate indices: (distinct indices ascending, their sums). Sorting the
-    P*k received indices is cheaper than touching an n-long buffer (allocating it alone costs more)."""
-    unique, inverse = torch.unique(indices.long(), return_inverse=True)
-    sums = torch.zeros(unique.numel(), dtype=torch.float32, device=values.device)
-    sums.index_add_(0, inverse, values)
-    return unique, sums
 
 
 class TopkAllgather(SparseCompressor):

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.base import (Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, sum_pairs,
+                                         unpack_pairs)
 from sparse_asr.compression.selection import topk_indices
-from sparse_asr.compression.topk_allgather import sum_pairs
 
 
 @dataclass(frozen=True)
