@@ -14,7 +14,8 @@ from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
 from sparse_asr.data.manifest import read_manifest, write_manifest
 from sparse_asr.models import build_model
 from tests.mpi.train_common import epoch_losses, read_metrics, run_training, step_losses, tiny_overrides
-from sparse_asr.training.trainer import Trainer, attach_flat_grad
+from sparse_asr.training.optim import attach_flat_grad
+from sparse_asr.training.trainer import Trainer
 
 TRAIN_TAGS = ["train/loss", "train/lr", "train/grad_norm", "train/samples_per_sec"]
 COMM_TAGS = ["comm/density", "comm/bytes_sent", "comm/bytes_recv", "comm/bytes_recv_max", "comm/cum_bytes_recv",

@@ -11,6 +11,16 @@ import torch
 from sparse_asr.training.config import OptimConfig
 
 
+def attach_flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Allocate one flat float32 buffer and make every parameter's .grad a view into it."""
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32, device=params[0].device)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
 def build_optimizer(params, cfg: OptimConfig) -> torch.optim.SGD:
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            weight_decay=cfg.weight_decay)

@@ -27,17 +27,8 @@ from sparse_asr.training.config import Config, to_dict
 from sparse_asr.training.evaluation import evaluate
 from sparse_asr.training.logging import (EPOCH_TAGS, TRAIN_TAGS, MetricWindow, RunLogger, StepRecord, format_bytes,
                                          format_duration, tagged)
-from sparse_asr.training.optim import build_optimizer, clip_grad_norm_, learning_rate, set_learning_rate
-
-
-def attach_flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """Allocate one flat float32 buffer and make every parameter's .grad a view into it."""
-    flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32, device=params[0].device)
-    offset = 0
-    for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
-    return flat
+from sparse_asr.training.optim import (attach_flat_grad, build_optimizer, clip_grad_norm_, learning_rate,
+                                       set_learning_rate)
 
 
 class Trainer:
