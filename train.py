@@ -69,7 +69,8 @@ def build_trainer(cfg, comm, resume: str = ""):
     dev_set = load_dataset(d.dev_manifest, d.max_eval_utterances)
     test_set = load_dataset(d.test_manifest, d.max_eval_utterances) if d.test_manifest else None
     log.info(f"data: {len(train_set)} train, {len(dev_set)} dev, {len(test_set) if test_set else 0} test utterances")
-    trainer = Trainer(cfg, comm, build_model(cfg.model.name), train_set, dev_set, test_set, device, log)
+    model = build_model(cfg.model.name, sync_bn=comm if cfg.model.sync_batchnorm else None)
+    trainer = Trainer(cfg, comm, model, train_set, dev_set, test_set, device, log)
     if state is not None:
         trainer.load_training_state(state)
         old, new = flatten(state.config), flatten(to_dict(cfg))

@@ -68,6 +68,7 @@ def test_file_values_and_overrides(tmp_path):
     ("", ["data.time_mask_max_fraction=0"], "data.time_mask_max_fraction", "data.time_mask_max_fraction=0"),
     ("data:\n  time_mask_max_fraction: 1.2\n", [], "data.time_mask_max_fraction", "cfg.yaml"),
     ("", ["data.time_masks_width=10"], "data.time_masks_width", "data.time_masks_width=10"),
+    ("", ["model.sync_batchnorm=sometimes"], "model.sync_batchnorm", "model.sync_batchnorm=sometimes"),
 ])
 def test_bad_key_or_value_names_the_key(tmp_path, text, overrides, key, origin):
     path = write(tmp_path, text)

@@ -3,21 +3,9 @@ import torch
 
 from sparse_asr.models import MODELS, build_model
 from sparse_asr.models.deepspeech import DeepSpeech, DeepSpeechSpec
+from tests.batchnorm_reference import randomize_batchnorms
 
 torch.set_num_threads(1)
-
-
-def randomize_batchnorms(model, seed):
-    """Non-trivial BatchNorm statistics and affine parameters, so that eval-mode padding would leak."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
-                n = module.num_features
-                module.running_mean.copy_(torch.randn(n, generator=generator))
-                module.running_var.copy_(torch.rand(n, generator=generator) + 0.5)
-                module.weight.copy_(torch.rand(n, generator=generator) + 0.5)
-                module.bias.copy_(torch.randn(n, generator=generator))
 
 
 def test_lstman4_parameter_count_and_tensors():

@@ -105,8 +105,9 @@ class Communicator:
         return result.to(like.device, non_blocking=False) if result.device != like.device else result
 
     # ------------------------------------------------------------------ collectives
-    def allreduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """In-place allreduce (sum, max or min). Counted as a ring: 2n(P-1)/P elements each way."""
+    def allreduce_(self, t: torch.Tensor, op: str = "sum", count_as: str = "allreduce") -> torch.Tensor:
+        """In-place allreduce (sum, max or min). Counted as a ring: 2n(P-1)/P elements each way, in the
+        totals and under the per-op name `count_as` (e.g. "syncbn" keeps BatchNorm traffic apart)."""
         if t.dtype == torch.bfloat16:  # _buf passes it as int16, which MPI would add as integers
             raise TypeError("allreduce_ of bfloat16 is not supported (MPI has no bfloat16 sum): cast to float32")
         t0 = time.perf_counter()
@@ -118,7 +119,7 @@ class Communicator:
                 t.copy_(host)
         P = self.size
         nbytes = 2 * t.numel() * t.element_size() * (P - 1) // P
-        self._count("allreduce", t0, nbytes, nbytes, 2 * (P - 1), 2 * (P - 1))
+        self._count(count_as, t0, nbytes, nbytes, 2 * (P - 1), 2 * (P - 1))
         return t
 
     def allgatherv(self, t: torch.Tensor, counts: list[int] | None = None) -> tuple[torch.Tensor, list[int]]:

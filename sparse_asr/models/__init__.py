@@ -1,4 +1,4 @@
-"""Model registry: build_model(name) -> DeepSpeech with that name's spec."""
+"""Model registry: build_model(name, sync_bn=comm or None) -> DeepSpeech with that name's spec."""
 from sparse_asr.models.deepspeech import DeepSpeech, DeepSpeechSpec
 
 MODELS = {
@@ -14,7 +14,8 @@ MODELS = {
 }
 
 
-def build_model(name: str, num_classes: int = 29) -> DeepSpeech:
+def build_model(name: str, num_classes: int = 29, sync_bn=None) -> DeepSpeech:
+    """sync_bn: a Communicator to synchronize every BatchNorm over its ranks (None = per-rank BatchNorm)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
-    return DeepSpeech(MODELS[name], num_classes=num_classes)
+    return DeepSpeech(MODELS[name], num_classes=num_classes, sync_bn=sync_bn)

@@ -21,6 +21,13 @@ each conv block are zeroed beyond the sample's length; the LSTMs run on packed s
 sequence-wise BatchNorms run on the packed frames only (so in training their statistics
 ignore padding); the lookahead sees zeros beyond each sample's end. Output positions at or
 beyond `output_lengths` are padding (zeros) and must be ignored, as CTCLoss does.
+
+BatchNorm: per-rank nn.BatchNorm by default; with `sync_bn=comm` every BatchNorm is a
+SyncBatchNorm whose training statistics are those of all ranks' valid frames (sync_batchnorm.py).
+The conv BatchNorm2d's training statistics include the padded time steps of the batch (each
+rank pads to its own longest utterance), so the synchronized one is given the valid time steps
+and ignores padding: then P ranks compute exactly what one process does on the whole global
+batch, however its lengths are split. The per-rank one keeps its statistics as they always were.
 """
 from dataclasses import dataclass
 
@@ -28,6 +35,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from sparse_asr.models.sync_batchnorm import SyncBatchNorm
 
 NUM_FREQ_BINS = 161  # n_fft 320 -> 161 spectrogram bins (DESIGN 6)
 
@@ -59,11 +68,16 @@ def conv_output_size(size, kernel, stride, padding):
     return (size + 2 * padding - kernel) // stride + 1
 
 
-def mask_time(x, lengths):
-    """Zero x (B, C, F, T) at time steps >= lengths[b]."""
+def time_mask(x, lengths):
+    """(B, 1, 1, T) mask of x (B, C, F, T): 1 at time steps < lengths[b], else 0."""
     steps = torch.arange(x.size(-1), device=x.device)
     keep = steps[None, :] < lengths[:, None]  # (B, T)
-    return x * keep[:, None, None, :].to(x.dtype)
+    return keep[:, None, None, :].to(x.dtype)
+
+
+def mask_time(x, lengths):
+    """Zero x (B, C, F, T) at time steps >= lengths[b]."""
+    return x * time_mask(x, lengths)
 
 
 def map_packed(module, packed):
@@ -86,15 +100,20 @@ class Lookahead(nn.Module):
 
 
 class DeepSpeech(nn.Module):
-    def __init__(self, spec: DeepSpeechSpec = DeepSpeechSpec(), num_classes: int = 29):
+    def __init__(self, spec: DeepSpeechSpec = DeepSpeechSpec(), num_classes: int = 29, sync_bn=None):
+        """sync_bn: a Communicator to synchronize every BatchNorm over its ranks, or None (per-rank)."""
         super().__init__()
         self.spec = spec
+        if sync_bn is None:
+            norm1d, norm2d = nn.BatchNorm1d, nn.BatchNorm2d
+        else:
+            norm1d = norm2d = lambda features: SyncBatchNorm(features, sync_bn)
         c1, c2 = spec.conv_channels
         blocks = []
         for in_ch, out_ch, (kernel, stride, padding) in zip((1, c1), (c1, c2), CONV_GEOMETRY):
             blocks.append(nn.Sequential(
                 nn.Conv2d(in_ch, out_ch, kernel_size=kernel, stride=stride, padding=padding),
-                nn.BatchNorm2d(out_ch),
+                norm2d(out_ch),
                 nn.Hardtanh(0, 20, inplace=True),
             ))
         self.conv_blocks = nn.ModuleList(blocks)
@@ -107,13 +126,13 @@ class DeepSpeech(nn.Module):
         directions = 2 if spec.bidirectional else 1
         rnn_output = spec.rnn_hidden * directions
         # Sequence-wise BatchNorm in front of every LSTM but the first.
-        self.rnn_norms = nn.ModuleList(nn.BatchNorm1d(rnn_output) for _ in range(spec.rnn_layers - 1))
+        self.rnn_norms = nn.ModuleList(norm1d(rnn_output) for _ in range(spec.rnn_layers - 1))
         self.rnns = nn.ModuleList(
             nn.LSTM(rnn_input if i == 0 else rnn_output, spec.rnn_hidden, bidirectional=spec.bidirectional)
             for i in range(spec.rnn_layers)
         )
         self.lookahead = Lookahead(rnn_output, spec.lookahead_context) if spec.lookahead_context > 0 else None
-        self.output_norm = nn.BatchNorm1d(rnn_output)
+        self.output_norm = norm1d(rnn_output)
         self.classifier = nn.Linear(rnn_output, num_classes, bias=False)
 
     def output_lengths(self, lengths):
@@ -129,9 +148,11 @@ class DeepSpeech(nn.Module):
         lengths = lengths.to(device=features.device, dtype=torch.int64)
         x = mask_time(features, lengths)  # the collate's padding value must not matter
         for block, (kernel, stride, padding) in zip(self.conv_blocks, CONV_GEOMETRY):
-            x = block(x)
+            conv, norm, activation = block
+            x = conv(x)
             lengths = conv_output_size(lengths, kernel[1], stride[1], padding[1])
-            x = mask_time(x, lengths)
+            x = norm(x, time_mask(x, lengths)) if isinstance(norm, SyncBatchNorm) else norm(x)
+            x = mask_time(activation(x), lengths)
 
         batch, channels, freq, steps = x.shape
         x = x.view(batch, channels * freq, steps).permute(2, 0, 1)  # (T', B, C*F)

@@ -25,6 +25,9 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     name: str = "lstman4_small"  # a key of models.MODELS
+    # BatchNorm statistics over all ranks' valid frames (forward and backward), as one process on the
+    # global batch would compute them; false = each rank's own (the paper's setup)
+    sync_batchnorm: bool = False
 
 
 @dataclass

@@ -20,6 +20,7 @@ import torch
 from sparse_asr.compression.base import all_finite
 from sparse_asr.data.dataset import BucketingSampler, make_loader
 from sparse_asr.data.text import BLANK
+from sparse_asr.models.sync_batchnorm import COUNT_AS as SYNCBN_OP
 from sparse_asr.training import replicas
 from sparse_asr.training.checkpoint import (Progress, RankState, TrainingState, copy_checkpoint, rng_state,
                                             save_training_state, set_rng_state)
@@ -54,6 +55,7 @@ class Trainer:
         self.progress = Progress()
         self.cum_bytes_recv = 0.0  # this rank's, since the run started
         self.window, self.epoch_window = MetricWindow(), MetricWindow()
+        self.syncbn_bytes_logged = comm.counts(SYNCBN_OP).bytes_recv  # the Communicator's, at the last log line
 
     # ------------------------------------------------------------------------------ the step
     def forward_loss(self, batch) -> torch.Tensor:
@@ -128,7 +130,8 @@ class Trainer:
                     self.save("last.pt")
             progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
             self.log_epoch()
-            replicas.average_buffers(self.comm, self.model)
+            if not cfg.model.sync_batchnorm:  # synchronized BatchNorm keeps them identical already
+                replicas.average_buffers(self.comm, self.model)
             improved = False
             if cfg.train.eval_every_epochs and (progress.epoch % cfg.train.eval_every_epochs == 0
                                                 or progress.epoch == cfg.train.epochs):
@@ -164,12 +167,21 @@ class Trainer:
             return
         p, lr = self.progress, self.optimizer.param_groups[0]["lr"]
         self.log.scalars("train", p.step, p.epoch, {**tagged(m, TRAIN_TAGS, with_extras=True), "train/lr": lr,
-                                                    "comm/cum_bytes_recv": cum})
+                                                    "comm/cum_bytes_recv": cum, **self.syncbn_traffic(m["steps"])})
         done = p.step - self.step_start
         eta = (time.perf_counter() - self.t_start) / max(done, 1) * (self.total_steps - p.step)
         self.log.info(f"step {p.step}/{self.total_steps} epoch {p.epoch + 1} loss {m['loss']:.3f} lr {lr:.2e} "
                       f"samples/s {m['samples_per_sec']:.1f} density {m['density']:.4f} "
                       f"recv/step {format_bytes(m['bytes_recv'])} ETA {format_duration(eta)}")
+
+    def syncbn_traffic(self, steps: float) -> dict[str, float]:
+        """Synchronized BatchNorm's bytes received per step since the last log line (its allreduces,
+        counted by the Communicator as op "syncbn", have the same size on every rank)."""
+        if not self.cfg.model.sync_batchnorm:
+            return {}
+        total = self.comm.counts(SYNCBN_OP).bytes_recv
+        per_step, self.syncbn_bytes_logged = (total - self.syncbn_bytes_logged) / steps, total
+        return {"comm/syncbn_bytes_recv": per_step}
 
     def log_epoch(self) -> None:
         m = self.epoch_window.reduce(self.comm, self.cfg.train.global_batch_size)

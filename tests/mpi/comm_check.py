@@ -62,6 +62,14 @@ def check_allreduce(comm):
             nbytes = ring_allreduce_bytes(n, P, t.element_size())
             assert nbytes == 2 * n * t.element_size() * (P - 1) // P
             expect(comm, "allreduce", *before, nbytes, nbytes, 2 * (P - 1), 2 * (P - 1), f"allreduce {op} {dtype}")
+    # counted under another op name when asked (BatchNorm's statistics as "syncbn"), and in the totals
+    t = torch.from_numpy(values(r, n, np.float64))
+    before, before_allreduce = snapshot(comm, "syncbn"), comm.counts("allreduce")
+    comm.allreduce_(t, count_as="syncbn")
+    np.testing.assert_allclose(t.numpy(), np.sum([values(q, n, np.float64) for q in range(P)], axis=0), rtol=1e-12)
+    nbytes = ring_allreduce_bytes(n, P, 8)
+    expect(comm, "syncbn", *before, nbytes, nbytes, 2 * (P - 1), 2 * (P - 1), "allreduce counted as syncbn")
+    assert (comm.counts("allreduce") - before_allreduce).bytes_recv == 0, "counted under 'allreduce' too"
     try:  # MPI has no bfloat16 sum: refused instead of adding bit patterns as integers
         comm.allreduce_(torch.ones(3, dtype=torch.bfloat16))
     except TypeError:
