@@ -127,3 +127,14 @@ def test_ranks_compute_what_one_process_computes_on_the_global_batch(an4_manifes
         assert f"P={nprocs} sync {dtype}: " in out and "identical on all ranks" in out, out
     assert f"P={nprocs} per-rank: " in out and f"{nprocs} different running statistics" in out, out
     assert f"P={nprocs} train.py with model.sync_batchnorm: running statistics identical" in out, out
+
+
+@pytest.mark.mpi
+def test_bn_shards_benchmark_shows_the_synchronized_gradient(an4_manifests):
+    out = check_mpi(2, ["bench/bn_shards.py", "--model", MODEL, "--global-batch", "4", "--ranks", "1", "2",
+                        "--manifest", str(an4_manifests / "an4_train.csv")])
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 1, out
+    _, per, per_rank_cosine, _, synced_cosine, synced_ratio = (cell.strip() for cell in rows[0])
+    assert per == "2" and float(per_rank_cosine) < 0.999, out  # per-rank statistics bend the gradient
+    assert float(synced_cosine) >= 0.9999 and abs(float(synced_ratio) - 1) <= 1e-4, out

@@ -236,6 +236,17 @@ class Communicator:
         """Every rank's object on `root` (in rank order), None elsewhere (e.g. checkpoint state)."""
         return [obj] if self.size == 1 else self._comm.gather(obj, root=root)
 
+    def split(self, size: int) -> "Communicator | None":
+        """Collective: a Communicator over the first `size` ranks (None on the others), so one job can
+        measure several world sizes (bench/bn_shards.py)."""
+        if not 1 <= size <= self.size:
+            raise ValueError(f"cannot split {size} ranks out of {self.size}")
+        if self._comm is None:
+            return Communicator(self.cuda_aware)
+        member = self.rank < size
+        sub = self._comm.Split(0 if member else self._mpi.UNDEFINED, self.rank)
+        return Communicator(self.cuda_aware, mpi_comm=sub) if member else None
+
     def barrier(self) -> None:
         if self.size > 1:
             self._comm.Barrier()

@@ -153,6 +153,22 @@ def check_bcast_and_objects(comm):
     comm.barrier()
 
 
+def check_split(comm):
+    """The first `size` ranks form a communicator of their own; the others get None."""
+    P, r = comm.size, comm.rank
+    for size in sorted({1, max(1, P - 1), P}):
+        sub = comm.split(size)
+        if r >= size:
+            assert sub is None, (size, r)
+            continue
+        assert (sub.size, sub.rank) == (size, r), (size, sub.size, sub.rank)
+        t = torch.tensor([float(r + 1)])
+        sub.allreduce_(t)
+        assert t.item() == size * (size + 1) / 2, (size, t)  # only the members' values
+        assert sub.counts().bytes_recv == ring_allreduce_bytes(1, size, 4), "a fresh communicator counts its own"
+    comm.barrier()
+
+
 def check_accounting(comm):
     """Totals are the sum over operations; subtraction gives a phase's figures."""
     totals = comm.counts()
@@ -176,7 +192,8 @@ def main():
 
 
 def run_checks(comm):
-    for check in (check_allreduce, check_allgatherv, check_alltoallv, check_p2p, check_bcast_and_objects, check_accounting):
+    for check in (check_allreduce, check_allgatherv, check_alltoallv, check_p2p, check_bcast_and_objects, check_split,
+                  check_accounting):
         check(comm)
     if comm.rank == 0:
         print(f"ok communicator P={comm.size}", flush=True)
