@@ -158,3 +158,90 @@ def test_auto_warmup_is_a_fraction_of_the_run():
     assert warmup_steps(load_config(None).compression.warmup_steps, 1000) == 50
     assert warmup_steps(load_config(None).compression.warmup_steps, 19) == 0
     assert warmup_steps(load_config(None, ["compression.warmup_steps=7"]).compression.warmup_steps, 1000) == 7
+
+
+def test_include_merges_a_base_under_the_including_file(tmp_path):
+    (tmp_path / "bases").mkdir()
+    (tmp_path / "bases" / "root.yaml").write_text("seed: 7\ntrain:\n  epochs: 3\n  log_every_steps: 2\n")
+    (tmp_path / "bases" / "base.yaml").write_text(
+        "include: root.yaml\ntrain:\n  epochs: 4\noptim:\n  lr: 0.5\ncompression:\n  algorithm: oktopk\n"
+        "  options:\n    repartition_interval: 16\n")
+    path = tmp_path / "run.yaml"
+    path.write_text("include: bases/base.yaml\ntrain:\n  global_batch_size: 8\ncompression:\n"
+                    "  options:\n    local_threshold_interval: 8\n")
+    cfg = load_config(path)
+    assert cfg.seed == 7 and cfg.optim.lr == 0.5  # from the bases
+    assert (cfg.train.epochs, cfg.train.log_every_steps, cfg.train.global_batch_size) == (4, 2, 8)  # merged, nearest wins
+    assert cfg.compression.algorithm == "oktopk"
+    assert cfg.compression.options == {"repartition_interval": 16, "local_threshold_interval": 8}
+    assert load_config(path, ["train.epochs=9", "seed=1"]).train.epochs == 9  # overrides apply last
+    assert "include" not in to_yaml(cfg) and load_config(write(tmp_path, to_yaml(cfg))) == cfg
+
+
+def test_errors_name_the_file_a_key_came_from(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("train:\n  epoch: 3\n")
+    path = tmp_path / "run.yaml"
+    path.write_text("include: base.yaml\noptim:\n  lr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"base\.yaml: unknown key 'train\.epoch'"):
+        load_config(path)
+    base.write_text("optim:\n  lr: 0.1\n")
+    path.write_text("include: base.yaml\noptim:\n  momentum: 2\n")
+    with pytest.raises(ConfigError, match=r"run\.yaml: optim\.momentum must be in \[0, 1\)"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"command-line override 'optim\.lr=-1'"):
+        load_config(path, ["optim.lr=-1"])
+
+
+def test_bad_includes_are_clear_errors(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("include: b.yaml\n")
+    b.write_text("include: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"b\.yaml: include cycle: .*a\.yaml -> .*b\.yaml -> .*a\.yaml"):
+        load_config(a)
+    a.write_text("include: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"include cycle: .*a\.yaml -> .*a\.yaml"):
+        load_config(a)
+    a.write_text("include: b.yaml\n")
+    b.write_text("include: missing.yaml\n")
+    with pytest.raises(ConfigError, match=r"cannot read config file .*missing\.yaml \(included by .*b\.yaml <- .*a\.yaml\)"):
+        load_config(a)
+    for value in ["[b.yaml]", "''", "3"]:
+        a.write_text(f"include: {value}\n")
+        with pytest.raises(ConfigError, match=r"a\.yaml: include must be a config file name"):
+            load_config(a)
+    b.write_text("train: [1, 2\n")
+    a.write_text("include: b.yaml\n")
+    with pytest.raises(ConfigError, match=r"b\.yaml: invalid YAML"):
+        load_config(a)
+    with pytest.raises(ConfigError, match=r"command-line override 'include=b\.yaml': unknown key 'include'"):
+        load_config(None, ["include=b.yaml"])
+
+
+def differing_keys(a, b) -> set[str]:
+    from sparse_asr.training.config import flatten, to_dict
+
+    fa, fb = flatten(to_dict(a)), flatten(to_dict(b))
+    return {k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)}
+
+
+def test_lstman4_configs_are_the_paper_setup_plus_their_own_keys():
+    from sparse_asr.compression import COMPRESSORS
+
+    paper = load_config(REPO / "configs" / "lstman4_paper.yaml")
+    assert (paper.model.name, paper.optim.lr, paper.data.freq_masks, paper.data.time_masks) == ("lstman4", 1e-3, 0, 0)
+    assert (paper.model.sync_batchnorm, paper.train.global_batch_size, paper.compression.density) == (False, 64, 0.02)
+    for path in sorted((REPO / "configs").glob("lstman4_*.yaml")):
+        algorithm = path.stem.removeprefix("lstman4_")
+        if algorithm in COMPRESSORS:
+            cfg = load_config(path)
+            assert cfg.compression.algorithm == algorithm, path
+            others = {k for k in differing_keys(cfg, paper) if not k.startswith("compression.options")}
+            assert others <= {"compression.algorithm"}, (path, others)
+    recipe = load_config(REPO / "configs" / "lstman4_recipe.yaml")
+    assert differing_keys(recipe, paper) == {"model.sync_batchnorm", "data.freq_masks", "data.time_masks", "optim.lr",
+                                             "distributed.world_size"}
+    assert (recipe.model.sync_batchnorm, recipe.data.freq_masks, recipe.data.time_masks, recipe.optim.lr) == (True, 2, 2, 3e-3)
+    cpu = load_config(REPO / "configs" / "an4_cpu.yaml")
+    assert (cpu.model.name, cpu.model.sync_batchnorm, cpu.train.global_batch_size, cpu.data.freq_masks) == (
+        "lstman4_small", True, 16, 2)

@@ -3,8 +3,12 @@
     cfg = load_config("configs/an4_cpu.yaml", ["compression.algorithm=oktopk", "train.epochs=3"])
     cfg = resolve_for_run(cfg, comm)   # real world size, run name; identical on every rank or an error
 
+A file may start from another one: `include: base.yaml` (a path relative to the including file) is read
+first and the including file's keys are merged over it, section by section (the including file wins; the
+base may include another base). Command-line overrides apply last.
+
 Unknown keys, wrong types and bad values raise ConfigError naming the full dotted key and where it came
-from (the YAML file or the command-line override).
+from (the YAML file that set it, or the command-line override).
 """
 from __future__ import annotations
 
@@ -109,20 +113,14 @@ class Config:
 
 # ---------------------------------------------------------------------------------------- loading
 def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read a YAML config (None = defaults only), apply `a.b=value` overrides, validate everything."""
+    """Read a YAML config (None = defaults only) and what it includes, apply `a.b=value` overrides,
+    validate everything."""
     raw: dict = {}
+    files: dict[str, str] = {}  # dotted key -> the file that set it
     source = "defaults"
     if path is not None:
         source = str(path)
-        try:
-            with open(path) as f:
-                raw = yaml.safe_load(f) or {}
-        except OSError as e:
-            raise ConfigError(f"cannot read config file {path}: {e}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML: {e}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+        raw, files = read_config_file(Path(path))
     origins: dict[str, str] = {}  # dotted key -> the override text that set it
     for text in overrides:
         key, value = parse_override(text)
@@ -133,11 +131,59 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
         for k, text in origins.items():
             if key == k or key.startswith(k + ".") or k.startswith(key + "."):
                 return f"command-line override {text!r}"
+        if key in files:
+            return files[key]
+        for k, file in files.items():
+            if key.startswith(k + ".") or k.startswith(key + "."):
+                return file
         return source
 
     cfg = _build(Config, raw, "", where)
     _check_values(cfg, where)
     return cfg
+
+
+def read_config_file(path: Path, included_by: tuple[Path, ...] = ()) -> tuple[dict, dict[str, str]]:
+    """(the mapping of `path` merged over its `include:`, the file that set each dotted key)."""
+    chain = " (included by " + " <- ".join(str(p) for p in reversed(included_by)) + ")" if included_by else ""
+    if path.resolve() in [p.resolve() for p in included_by]:
+        cycle = " -> ".join(str(p) for p in (*included_by, path))
+        raise ConfigError(f"{included_by[-1]}: include cycle: {cycle}")
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}{chain}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    include = raw.pop("include", None)
+    files = {key: str(path) for key in _dotted_keys(raw)}
+    if include is None:
+        return raw, files
+    if not isinstance(include, str) or not include.strip():
+        raise ConfigError(f"{path}: include must be a config file name (relative to {path.parent}), got {include!r}")
+    base, base_files = read_config_file(path.parent / include, (*included_by, path))
+    return _merge(base, raw), {**base_files, **files}
+
+
+def _dotted_keys(d: dict, prefix: str = "") -> list[str]:
+    """Every key of a nested mapping, sections included ('train', 'train.epochs', ...)."""
+    keys = []
+    for k, v in d.items():
+        keys.append(prefix + str(k))
+        if isinstance(v, dict):
+            keys += _dotted_keys(v, f"{prefix}{k}.")
+    return keys
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """`over` merged into a copy of `base`, section by section; `over` wins."""
+    merged = dict(base)
+    for k, v in over.items():
+        merged[k] = _merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return merged
 
 
 def parse_override(text: str) -> tuple[str, object]:
