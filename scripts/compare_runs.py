@@ -8,8 +8,10 @@ Writes, under --out:
       (event wall_time minus the run's first event) and against the cumulative bytes each rank received
       (comm/cum_bytes_recv at the nearest logged step);
   results.csv, results.md
-      one row per run: algorithm, density, P, steps, final/best dev WER, final dev CER, test WER,
-      total bytes received, mean compute / selection / communication / step time.
+      one row per run: algorithm, density, P, steps, final/best dev WER, final dev CER, test WER and
+      CER, bytes received per rank (in all and per step: the gradient exchange), synchronized
+      BatchNorm's bytes per step (comm/syncbn_bytes_recv), mean compute / selection / communication
+      / step time.
 A tag a run never logged leaves its cells empty (and its curve out of the plot), never NaN errors.
 """
 from __future__ import annotations
@@ -118,8 +120,11 @@ def summarize(run: Run) -> dict:
     def last(tag):
         return c[tag].last() if tag in c else None
 
+    def mean(tag):
+        return float(np.mean(c[tag].values)) if tag in c else None
+
     def mean_ms(tag):
-        return float(np.mean(c[tag].values)) * 1000.0 if tag in c else None
+        return mean(tag) * 1000.0 if tag in c else None
 
     algorithm = run.config_value("compression.algorithm")
     density = run.config_value("compression.density")
@@ -129,6 +134,8 @@ def summarize(run: Run) -> dict:
         steps = int(c["train/loss"].steps[-1])
     else:
         steps = int(max(curve.steps[-1] for curve in c.values()))
+    bytes_total = last("comm/cum_bytes_recv")
+    bytes_at = int(c["comm/cum_bytes_recv"].steps[-1]) if bytes_total is not None else 0
     return {
         "run": run.name,
         "model": run.config_value("model.name"),
@@ -140,7 +147,10 @@ def summarize(run: Run) -> dict:
         "best_dev_wer": float(np.min(c["val/wer"].values)) if "val/wer" in c else None,
         "final_dev_cer": last("val/cer"),
         "test_wer": last("test/wer"),
-        "bytes_recv_total": last("comm/cum_bytes_recv"),
+        "test_cer": last("test/cer"),
+        "bytes_recv_total": bytes_total,
+        "bytes_recv_per_step": bytes_total / bytes_at if bytes_at else None,
+        "syncbn_bytes_per_step": mean("comm/syncbn_bytes_recv"),
         "compute_ms": mean_ms("time/compute"),
         "selection_ms": mean_ms("time/selection"),
         "communication_ms": mean_ms("time/communication"),

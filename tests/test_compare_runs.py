@@ -89,7 +89,8 @@ def two_runs(tmp_path):
         "time/communication": [(s, 0.125) for s in steps],
         "time/step": [(s, 1.0) for s in steps],
         "val/wer": [(10, 0.75), (20, 0.5)], "val/cer": [(10, 0.5), (20, 0.375)],
-        "test/wer": [(20, 0.625)],
+        "test/wer": [(20, 0.625)], "test/cer": [(20, 0.25)],
+        "comm/syncbn_bytes_recv": [(s, 96.0 if s < 10 else 192.0) for s in steps if s % 3 == 0],  # mean 144
     }, new_style=("val/cer",))  # one tag as a new-style tensor summary: read all the same
     b = tmp_path / "runs" / "dense-p2"
     write_run(b, config("dense", 0.01, 2), {  # no selection time, no test set, no CER
@@ -111,19 +112,21 @@ def test_table_holds_exactly_what_was_logged(two_runs, tmp_path):
     rows = {r["run"]: r for r in table.to_dict("records")}
     assert rows["ok-p4"] == {
         "run": "ok-p4", "model": "lstman4", "algorithm": "oktopk", "density": 0.02, "P": 4, "steps": 20,
-        "final_dev_wer": 0.5, "best_dev_wer": 0.5, "final_dev_cer": 0.375, "test_wer": 0.625,
-        "bytes_recv_total": 18 * 1024.0, "compute_ms": 375.0, "selection_ms": 62.5, "communication_ms": 125.0,
-        "step_ms": 1000.0}
+        "final_dev_wer": 0.5, "best_dev_wer": 0.5, "final_dev_cer": 0.375, "test_wer": 0.625, "test_cer": 0.25,
+        "bytes_recv_total": 18 * 1024.0, "bytes_recv_per_step": 1024.0, "syncbn_bytes_per_step": 144.0,
+        "compute_ms": 375.0, "selection_ms": 62.5, "communication_ms": 125.0, "step_ms": 1000.0}
     dense = rows["dense-p2"]
     assert (dense["algorithm"], dense["density"], dense["P"], dense["steps"]) == ("dense", 1.0, 2, 30)
     assert (dense["final_dev_wer"], dense["best_dev_wer"]) == (0.75, 0.625)  # the last and the lowest differ here
-    assert (dense["bytes_recv_total"], dense["compute_ms"], dense["communication_ms"]) == (30 * 4096.0, 750.0, 250.0)
-    for missing in ("final_dev_cer", "test_wer", "selection_ms", "step_ms"):
+    assert (dense["bytes_recv_total"], dense["bytes_recv_per_step"]) == (30 * 4096.0, 4096.0)
+    assert (dense["compute_ms"], dense["communication_ms"]) == (750.0, 250.0)
+    for missing in ("final_dev_cer", "test_wer", "test_cer", "syncbn_bytes_per_step", "selection_ms", "step_ms"):
         assert np.isnan(dense[missing]), missing  # an empty cell, not a crash
     csv_text = (out / "results.csv").read_text()
     markdown = (out / "results.md").read_text()
     assert "nan" not in csv_text.lower() and "nan" not in markdown.lower()
-    assert "| dense-p2 | lstman4 | dense | 1 | 2 | 30 | 0.75 | 0.625 |  |  | 1.229e+05 | 750 |  | 250 |  |" in markdown
+    assert "| dense-p2 | lstman4 | dense | 1 | 2 | 30 | 0.75 | 0.625 |  |  |  | 1.229e+05 | 4096 |  | 750 |  | 250 |  |" \
+        in markdown
     assert markdown in proc.stdout
     check_plots(out, 2)
 
@@ -189,7 +192,8 @@ def test_real_runs_one_and_two_ranks(an4_manifests, tmp_path):
         # TensorBoard stores float32; metrics.jsonl float64
         expected = {"final_dev_wer": val[-1]["val/wer"], "best_dev_wer": min(r["val/wer"] for r in val),
                     "final_dev_cer": val[-1]["val/cer"], "test_wer": test[-1]["test/wer"],
-                    "bytes_recv_total": train[-1]["comm/cum_bytes_recv"]}
+                    "test_cer": test[-1]["test/cer"], "bytes_recv_total": train[-1]["comm/cum_bytes_recv"],
+                    "bytes_recv_per_step": train[-1]["comm/cum_bytes_recv"] / train[-1]["step"]}
         for key, tag in (("compute_ms", "time/compute"), ("selection_ms", "time/selection"),
                          ("communication_ms", "time/communication"), ("step_ms", "time/step")):
             expected[key] = 1000 * float(np.mean(np.float32([r[tag] for r in train])))

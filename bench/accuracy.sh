@@ -1,0 +1,162 @@
+#!/bin/bash
+# Accuracy of every gradient exchange on one config: each algorithm trains at the same P, seed and epochs
+# (mpiexec -n P train.py ... name=<algorithm>), then ONE table (final/best dev WER, test WER and CER, bytes
+# received per rank per step, time per step) and curves against step and cumulative bytes received
+# (scripts/compare_runs.py), all in the output directory. A run that was interrupted resumes from its
+# last checkpoint when the same command is given again.
+#   bash bench/accuracy.sh [-c CONFIG] [-n P] [-e EPOCHS] [--seed S] [-a "dense oktopk ..."] [-o DIR] [key=value ...]
+set -euo pipefail
+REPO=$(realpath "$(dirname "$0")/..")
+source "$REPO/scripts/lib/args.sh"
+
+DEFAULT_ALGORITHMS="dense oktopk topka gtopk gaussiank"
+
+usage() {
+    cat <<EOF
+usage: bash bench/accuracy.sh [options] [key=value ...]
+  -c, --config FILE        experiment config (default configs/an4_cpu.yaml)
+  -n, --ranks P            MPI ranks of every run (default 4)
+  -e, --epochs N           train.epochs of every run (default: the config's)
+      --seed S             seed of every run (default: the config's)
+  -a, --algorithms "A ..." default: $DEFAULT_ALGORITHMS (any registered algorithm)
+  -o, --out DIR            output directory (default bench/results/accuracy-<config>-p<P>[-e<N>]):
+                           runs/<algorithm>/ (each run), logs/<algorithm>.log, accuracy.md (the table),
+                           results.csv, curves_vs_{step,bytes,wall_time}.png, wer_vs_time.md
+  -j, --jobs N             runs at a time (default 1: one after another, they share the cores)
+      --dry-run            print the commands; run nothing
+  key=value                overrides for every run, e.g. compression.density=0.02 (not name, out_dir,
+                           seed, train.epochs, compression.algorithm or distributed.world_size: set above)
+EOF
+}
+
+config=configs/an4_cpu.yaml ranks=4 epochs="" seed="" algorithms=$DEFAULT_ALGORITHMS out="" jobs=1 dry_run=0
+overrides=()
+while (($#)); do
+    case "$1" in
+        -c | --config) require_value "$@"; config=$2; shift 2 ;;
+        -n | --ranks) require_value "$@"; ranks=$2; shift 2 ;;
+        -e | --epochs) require_value "$@"; epochs=$2; shift 2 ;;
+        --seed) require_value "$@"; seed=$2; shift 2 ;;
+        -a | --algorithms) require_value "$@"; algorithms=$2; shift 2 ;;
+        -o | --out) require_value "$@"; out=$2; shift 2 ;;
+        -j | --jobs) require_value "$@"; jobs=$2; shift 2 ;;
+        --dry-run) dry_run=1; shift ;;
+        -h | --help) usage; exit 0 ;;
+        -*) die "unknown option '$1' (see --help)" ;;
+        *)
+            require_override "$1"
+            case "$1" in
+                name=* | out_dir=* | seed=* | train.epochs=* | compression.algorithm=* | distributed.world_size=*)
+                    die "override '$1' is set by accuracy.sh itself (see --help)" ;;
+            esac
+            overrides+=("$1")
+            shift
+            ;;
+    esac
+done
+
+config=$(resolve_config "$config" "$REPO")
+require_positive_int "--ranks" "$ranks"
+require_positive_int "--jobs" "$jobs"
+[[ -z "$epochs" ]] || require_positive_int "--epochs" "$epochs"
+[[ -z "$seed" || "$seed" =~ ^[0-9]+$ ]] || die "--seed must be an integer >= 0, got '$seed'"
+read -r -a algorithm_list <<<"$algorithms"
+((${#algorithm_list[@]})) || die "no algorithms given"
+[[ $(printf '%s\n' "${algorithm_list[@]}" | sort | uniq -d) == "" ]] || die "an algorithm is listed twice: $algorithms"
+config_name=$(basename "${config%.*}")
+out=${out:-bench/results/accuracy-$config_name-p$ranks${epochs:+-e$epochs}}
+cd "$REPO"
+
+common=("distributed.world_size=$ranks")
+[[ -z "$epochs" ]] || common+=("train.epochs=$epochs")
+[[ -z "$seed" ]] || common+=("seed=$seed")
+common+=("${overrides[@]}")
+
+for algorithm in "${algorithm_list[@]}"; do  # before anything slow
+    run_dir=$out/runs/$algorithm
+    [[ -f "$run_dir/checkpoints/last.pt" || ! -e "$run_dir" ]] ||
+        die "$run_dir exists but holds no checkpoint to resume from; remove it to train again"
+done
+
+# Every run's config is checked now (unknown algorithm, bad override, batch not divisible by P), not
+# hours into the benchmark; prints the resolved epochs, seed, global batch and model.
+settings=$(.venv/bin/python - "$config" "$ranks" "${algorithm_list[@]}" -- "${common[@]}" <<'EOF'
+import sys
+
+from sparse_asr.training.config import ConfigError, load_config
+
+args = sys.argv[1:]
+config, ranks, algorithms, overrides = args[0], int(args[1]), args[2:args.index("--")], args[args.index("--") + 1:]
+try:
+    for algorithm in algorithms:
+        cfg = load_config(config, overrides + [f"compression.algorithm={algorithm}"])
+except ConfigError as e:
+    sys.exit(f"accuracy.sh: error: {e}")
+if cfg.train.global_batch_size % ranks:
+    sys.exit(f"accuracy.sh: error: train.global_batch_size={cfg.train.global_batch_size} is not divisible by {ranks} ranks")
+print(cfg.train.epochs, cfg.seed, cfg.train.global_batch_size, cfg.model.name, str(cfg.model.sync_batchnorm).lower())
+EOF
+) || exit 2
+read -r epochs_used seed_used batch model sync_bn <<<"$settings"
+
+commands=() run_dirs=()
+for algorithm in "${algorithm_list[@]}"; do
+    run_dir=$out/runs/$algorithm
+    command=(.venv/bin/mpiexec -n "$ranks" .venv/bin/python train.py --config "$config" "out_dir=$out/runs"
+             "name=$algorithm" "compression.algorithm=$algorithm" "${common[@]}")
+    [[ ! -f "$run_dir/checkpoints/last.pt" ]] || command+=(--resume "$run_dir/checkpoints/last.pt")
+    commands+=("$(shell_join "${command[@]}")")
+    run_dirs+=("$run_dir")
+done
+if ((dry_run)); then
+    printf '%s\n' "${commands[@]}"
+    exit 0
+fi
+
+if ((jobs > 1)) && [[ -z "${OMP_NUM_THREADS:-}" ]]; then  # runs side by side share the cores
+    threads=$(($(nproc) / (ranks * jobs)))
+    export OMP_NUM_THREADS=$((threads > 0 ? threads : 1))
+fi
+mkdir -p "$out/logs"
+started=$(date '+%Y-%m-%d %H:%M:%S')
+failed=()
+running=0
+for i in "${!algorithm_list[@]}"; do
+    algorithm=${algorithm_list[$i]}
+    echo "accuracy.sh: $algorithm: ${commands[$i]}" >&2
+    if ((jobs == 1)); then
+        bash -c "${commands[$i]}" 2>&1 | tee "$out/logs/$algorithm.log" || failed+=("$algorithm")
+    else
+        bash -c "${commands[$i]}" >"$out/logs/$algorithm.log" 2>&1 &
+        running=$((running + 1))
+        if ((running >= jobs)); then
+            wait -n || failed+=("some run (see $out/logs)")
+            running=$((running - 1))
+        fi
+    fi
+done
+while ((running > 0)); do
+    wait -n || failed+=("some run (see $out/logs)")
+    running=$((running - 1))
+done
+((${#failed[@]} == 0)) || die "failed: ${failed[*]} (logs in $out/logs)"
+
+.venv/bin/python scripts/compare_runs.py "${run_dirs[@]}" --out "$out" >/dev/null
+.venv/bin/python bench/wer_vs_time.py "${run_dirs[@]}" >"$out/wer_vs_time.md"
+{
+    echo "# Accuracy: $config_name, $model, $ranks rank(s), $epochs_used epochs, seed $seed_used"
+    echo
+    echo "\`bash bench/accuracy.sh $(shell_join -c "$config" -n "$ranks" ${epochs:+-e "$epochs"} ${seed:+--seed "$seed"} \
+        -a "$algorithms" -o "$out" "${overrides[@]}")\`"
+    echo
+    echo "Global batch $batch, model.sync_batchnorm $sync_bn. Bytes are received per rank: bytes_recv_per_step by"
+    echo "the gradient exchange, syncbn_bytes_per_step by synchronized BatchNorm. Times in ms per optimizer step."
+    echo "Trained $started to $(date '+%Y-%m-%d %H:%M:%S') on $(nproc) cores, $jobs run(s) at a time;"
+    echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg). Every epoch: wer_vs_time.md."
+    echo
+    cat "$out/results.md"
+    echo
+    echo "![dev WER and train loss against step](curves_vs_step.png)"
+    echo "![against cumulative bytes received per rank](curves_vs_bytes.png)"
+} >"$out/accuracy.md"
+cat "$out/accuracy.md"

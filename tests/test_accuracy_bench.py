@@ -1,0 +1,82 @@
+"""bench/accuracy.sh: a tiny real benchmark (lstman4_tiny, 8 utterances, 1 epoch, 2 ranks, two algorithms)
+must write one table with a row of real figures per algorithm; bad arguments fail before any training."""
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparse_asr.models import build_model
+from sparse_asr.models.sync_batchnorm import SyncBatchNorm
+from tests.reference import ring_allreduce_bytes
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def accuracy_sh(*args, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "bench/accuracy.sh", *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def table_rows(markdown: str) -> dict[str, dict[str, str]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[2:]]
+    return {row["algorithm"]: row for row in rows}
+
+
+def tiny_args(manifests: Path, out: Path) -> list:
+    return ["-c", "configs/smoke.yaml", "-n", "2", "-e", "1", "-a", "dense topka", "-o", out,
+            *(f"data.{s}_manifest={manifests / f'an4_{s}.csv'}" for s in ("train", "dev", "test")),
+            "data.max_train_utterances=8", "data.max_eval_utterances=4", "model.sync_batchnorm=true",
+            "compression.density=0.05"]
+
+
+@pytest.mark.mpi
+def test_tiny_benchmark_writes_one_table_of_real_figures(an4_manifests, tmp_path):
+    out = tmp_path / "acc"
+    proc = accuracy_sh(*tiny_args(an4_manifests, out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    markdown = (out / "accuracy.md").read_text()
+    assert "smoke, lstman4_tiny, 2 rank(s), 1 epochs, seed 1" in markdown and "sync_batchnorm true" in markdown
+    rows = table_rows(markdown)
+    assert set(rows) == {"dense", "topka"}, markdown
+    # per optimizer step, each rank receives the BatchNorm statistics (2C+1 float64) and gradient sums (2C float32)
+    syncbn = sum(ring_allreduce_bytes(2 * m.num_features + 1, 2, 8) + ring_allreduce_bytes(2 * m.num_features, 2, 4)
+                 for m in build_model("lstman4_tiny", sync_bn=object()).modules() if isinstance(m, SyncBatchNorm))
+    for algorithm, row in rows.items():
+        assert (row["P"], row["steps"], row["model"]) == ("2", "2", "lstman4_tiny"), row
+        for key in ("final_dev_wer", "best_dev_wer", "test_wer", "test_cer", "step_ms", "bytes_recv_per_step"):
+            assert math.isfinite(float(row[key])) and float(row[key]) > 0, (algorithm, key, row)
+        assert float(row["syncbn_bytes_per_step"]) == syncbn, row
+        assert (out / "runs" / algorithm / "checkpoints" / "last.pt").is_file()
+        assert f"done: {out / 'runs' / algorithm}" in (out / "logs" / f"{algorithm}.log").read_text()
+    dense_bytes = ring_allreduce_bytes(sum(p.numel() for p in build_model("lstman4_tiny").parameters()), 2)
+    assert float(rows["dense"]["bytes_recv_per_step"]) == pytest.approx(dense_bytes, rel=1e-3)
+    assert float(rows["topka"]["bytes_recv_per_step"]) < dense_bytes / 5  # density 0.05
+    for name in ("curves_vs_step.png", "curves_vs_bytes.png", "results.csv", "wer_vs_time.md"):
+        assert (out / name).stat().st_size > 0, name
+    # the same command again resumes both finished runs instead of training anew
+    proc = accuracy_sh(*tiny_args(an4_manifests, out), "--dry-run")
+    assert proc.returncode == 0 and proc.stdout.count("--resume") == 2, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-a", "dense nope"], "compression.algorithm 'nope' is unknown"),
+    (["-n", "3"], "train.global_batch_size=16 is not divisible by 3 ranks"),
+    (["train.epochs=3"], "override 'train.epochs=3' is set by accuracy.sh itself"),
+    (["-a", "dense dense"], "an algorithm is listed twice"),
+    (["-n", "0"], "--ranks must be a positive integer"),
+    (["-c", "configs/nope.yaml"], "config file 'configs/nope.yaml' not found"),
+    (["optim.lr=bad"], "optim.lr must be float"),
+])
+def test_bad_arguments_fail_before_training(tmp_path, args, message):
+    proc = accuracy_sh(*args, "-o", tmp_path / "acc")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "acc").exists()
+
+
+def test_a_run_directory_without_checkpoint_is_refused(tmp_path):
+    (tmp_path / "acc" / "runs" / "dense").mkdir(parents=True)
+    proc = accuracy_sh("-a", "dense", "-o", tmp_path / "acc", "--dry-run")
+    assert proc.returncode == 2 and "holds no checkpoint to resume from" in proc.stderr, proc.stderr
