@@ -85,7 +85,7 @@ def measure(cfg, comm, dataset, batch, device, steps: int, warmup: int) -> tuple
     """Fresh model and Trainer, `warmup` + `steps` train_steps; this rank's means over the measured
     steps, the count of Ok-Topk's periodic recomputations among them, and the parameter count."""
     seed_everything(cfg.seed)
-    model = build_model(cfg.model.name)
+    model = build_model(cfg.model.name, sync_bn=comm if cfg.model.sync_batchnorm else None)
     trainer = Trainer(cfg, comm, model, dataset, None, None, device, RunLogger("", enabled=False))
     replicas.broadcast_state(comm, trainer.model, trainer.optimizer)
     sums, recomputed = dict.fromkeys(FIGURES, 0.0), {}
