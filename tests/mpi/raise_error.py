@@ -13,9 +13,11 @@ ERRORS = {"config": ConfigError("cfg.yaml: train.epochs must be >= 1, got 0"),
           "bug": RuntimeError("something unexpected")}
 
 
-def fail(kind):
+def fail(comm, kind):
+    comm.barrier()  # every rank reaches the error before the first one's abort ends the job
     raise ERRORS[kind]
 
 
 if __name__ == "__main__":
-    run_or_abort(Communicator(), fail, sys.argv[1])
+    comm = Communicator()
+    run_or_abort(comm, fail, comm, sys.argv[1])
