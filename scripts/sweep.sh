@@ -149,11 +149,21 @@ for run in "${runs[@]}"; do
 done
 
 cd "$REPO"
-# Cluster jobs: every submit helper checks its arguments (its own dry run) before anything is submitted.
+# train.py's config checks for every run at its rank count, in one go (dry runs too): nothing starts or
+# waits in a queue to be refused. The world size comes first, as the job scripts put it.
+venv=.venv
+[[ "$scheduler" != pbs ]] || venv=.venv-polaris
+for run in "${runs[@]}"; do
+    make_command $run
+    echo "${run##* } distributed.world_size=${run##* } ${run_overrides[*]} ${overrides[*]}"
+done | check_config "$(project_python "$REPO/$venv" "$REPO")" "$REPO" "$config" --runs
+# Cluster jobs: every submit helper checks its arguments (its own dry run) before anything is submitted;
+# the configs are checked already.
 if [[ "$scheduler" != local ]]; then
     for run in "${runs[@]}"; do
         make_command $run
-        "${run_command[@]}" --dry-run >/dev/null || die "the submit helper refused: $(shell_join "${run_command[@]}")"
+        "${run_command[@]}" --dry-run --skip-config-check >/dev/null ||
+            die "the submit helper refused: $(shell_join "${run_command[@]}")"
     done
 fi
 count=0
@@ -162,6 +172,7 @@ for run in "${runs[@]}"; do
     count=$((count + 1))
     shell_join "${run_command[@]}"
     if ((!dry_run)); then
+        if [[ "$scheduler" != local ]]; then run_command+=(--skip-config-check); fi
         "${run_command[@]}" || die "run $count of ${#runs[@]} failed: $(shell_join "${run_command[@]}")"
     fi
 done

@@ -4,9 +4,9 @@ import pytest
 import soundfile
 import torch
 
-from sparse_asr.data.audio import AudioError, FeatureExtractor, SpecAugment, load_audio
+from sparse_asr.data.audio import AudioError, FeatureExtractor, SpecAugment, audio_frames, load_audio
 from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate, make_loader
-from sparse_asr.data.manifest import read_manifest
+from sparse_asr.data.manifest import audio_problem, read_manifest
 from sparse_asr.data.text import text_to_ids
 
 
@@ -73,6 +73,28 @@ def test_corrupt_files(real_wave, tmp_path):
         load_audio(sphere_cut)
     with pytest.raises(AudioError, match="truncated"):
         load_audio(wav_cut)
+    for bad, reason in [(sphere_cut, "truncated"), (wav_cut, "truncated"), (garbage, "cannot read audio"),
+                        (header_only, "cannot read audio"), (tmp_path / "absent.wav", "file does not exist"),
+                        (tmp_path, "not a regular file")]:
+        with pytest.raises(AudioError, match=reason) as error:  # the header alone tells
+            audio_frames(bad)
+        assert str(error.value).startswith(f"{bad}: ") and "System error" not in str(error.value)
+
+
+def test_header_check_agrees_with_decoding(tiny, real_wave, tmp_path):
+    """audio_frames (header only) gives exactly the decoded length, for SPHERE and WAV; audio_problem
+    adds the manifest's duration, within DURATION_TOLERANCE_S."""
+    for path in tiny["audio"]:
+        assert audio_frames(path) == len(load_audio(path))
+    path, data, rate = real_wave
+    wav = tmp_path / "copy.wav"
+    soundfile.write(wav, data, rate, subtype="PCM_16")
+    assert audio_frames(wav) == len(data)
+    seconds = len(data) / rate
+    assert audio_problem(str(wav), seconds) is None and audio_problem(str(wav), round(seconds, 1)) is None
+    assert audio_problem(str(wav), seconds + 0.5) == (f"{wav}: holds {seconds:.3f} s of audio, "
+                                                      f"the manifest says {seconds + 0.5:.3f} s")
+    assert audio_problem(str(tmp_path / "gone.wav"), 1.0) == f"{tmp_path / 'gone.wav'}: file does not exist"
 
 
 # ---------------------------------------------------------------- features

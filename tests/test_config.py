@@ -7,8 +7,10 @@ import yaml
 
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import warmup_steps
+from sparse_asr.training import check_config
 from sparse_asr.training.config import (ConfigError, check_same_on_all_ranks, load_config,
-                             resolve_for_run, to_yaml)
+                             resolve_for_run, resolve_world_size, to_yaml)
+from tests.mpi_helpers import check_mpi
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,6 +71,9 @@ def test_file_values_and_overrides(tmp_path):
     ("data:\n  time_mask_max_fraction: 1.2\n", [], "data.time_mask_max_fraction", "cfg.yaml"),
     ("", ["data.time_masks_width=10"], "data.time_masks_width", "data.time_masks_width=10"),
     ("", ["model.sync_batchnorm=sometimes"], "model.sync_batchnorm", "model.sync_batchnorm=sometimes"),
+    ("", ["train.batch_per_rank=0"], "train.batch_per_rank", "train.batch_per_rank=0"),
+    ("", ["distributed.timeout_s=-5"], "distributed.timeout_s", "distributed.timeout_s=-5"),
+    ("", ["train.epochs="], "train.epochs", "train.epochs="),
 ])
 def test_bad_key_or_value_names_the_key(tmp_path, text, overrides, key, origin):
     path = write(tmp_path, text)
@@ -245,3 +250,69 @@ def test_lstman4_configs_are_the_paper_setup_plus_their_own_keys():
     cpu = load_config(REPO / "configs" / "an4_cpu.yaml")
     assert (cpu.model.name, cpu.model.sync_batchnorm, cpu.train.global_batch_size, cpu.data.freq_masks) == (
         "lstman4_small", True, 16, 2)
+def test_an_empty_override_is_the_empty_string():
+    """`data.test_manifest=` means no test set, like data.test_manifest=''."""
+    assert load_config(None, ["data.test_manifest="]).data.test_manifest == ""
+    assert load_config(None, ["data.test_manifest=''"]).data.test_manifest == ""
+    with pytest.raises(ConfigError, match=r"train\.epochs must be int, got ''"):
+        load_config(None, ["train.epochs="])
+
+
+def test_batch_per_rank_scales_the_global_batch_with_the_ranks(tmp_path):
+    cfg = load_config(None, ["train.batch_per_rank=3"])
+    assert cfg.train.global_batch_size is None  # the default 32 is not used
+    for ranks in (1, 2, 7):
+        resolved = resolve_world_size(cfg, ranks)
+        assert (resolved.train.global_batch_size, resolved.train.batch_per_rank) == (3 * ranks, None)
+        assert resolved.distributed.world_size == ranks
+        assert load_config(write(tmp_path, to_yaml(resolved))) == resolved  # the saved config is the same run
+    resolved = resolve_for_run(cfg, Communicator())
+    assert resolved.train.global_batch_size == 3 and resolved.train.batch_per_rank is None
+    # A fixed global batch stays fixed, and must be divisible by the rank count.
+    assert resolve_world_size(load_config(None), 2).train.global_batch_size == 32
+    with pytest.raises(ConfigError, match="train.global_batch_size=32 is not divisible by the 3 ranks"):
+        resolve_world_size(load_config(None), 3)
+
+
+def test_exactly_one_batch_size_is_set(tmp_path):
+    path = write(tmp_path, "train:\n  global_batch_size: 64\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path, ["train.batch_per_rank=2"])
+    assert (f"train.global_batch_size ({path}) and train.batch_per_rank (command-line override "
+            f"'train.batch_per_rank=2') are both set" in str(error.value)), error.value
+    cfg = load_config(path, ["train.global_batch_size=null", "train.batch_per_rank=2"])
+    assert (cfg.train.global_batch_size, cfg.train.batch_per_rank) == (None, 2)
+    with pytest.raises(ConfigError, match="set train.global_batch_size or train.batch_per_rank"):
+        load_config(None, ["train.global_batch_size=null"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_batch_per_rank_under_mpi(nprocs):
+    out = check_mpi(nprocs, ["-m", "tests.mpi.batch_per_rank"], timeout=120)
+    assert f"P={nprocs}: global batch {3 * nprocs}, 3 utterances per rank per step" in out, out
+
+
+def test_check_config_command(tmp_path, capsys):
+    config = str(write(tmp_path, "model:\n  name: lstman4_tiny\ntrain:\n  global_batch_size: 8\n"))
+    assert check_config.main(["--config", config, "--world-size", "4"]) == 0
+    assert check_config.main(["--config", config, "--world-size", "3"]) == 2
+    assert capsys.readouterr().err == ("error: train.global_batch_size=8 is not divisible by the 3 ranks (choose a "
+                                       "rank count that divides it, or set train.batch_per_rank instead)\n")
+    assert check_config.main(["--config", config, "--world-size", "3", "train.global_batch_size=null",
+                              "train.batch_per_rank=2"]) == 0
+    assert check_config.main(["--config", config, "--world-size", "2", "trian.epochs=3"]) == 2
+    assert "error: command-line override 'trian.epochs=3': unknown key 'trian'" in capsys.readouterr().err
+    runs = tmp_path / "runs.txt"
+    runs.write_text("4 name=a\n\n3 name=b\n6 name=c compression.density=5\n2 name=d\n5 name=e\n")
+    assert check_config.main(["--config", config, "--runs", str(runs)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: train.global_batch_size=8 is not divisible by the 3 ranks (choose a rank count that "
+                   "divides it, or set train.batch_per_rank instead) (run: 3 ranks name=b)",
+                   "error: command-line override 'compression.density=5': compression.density must be in (0, 1], "
+                   "got 5.0 (run: 6 ranks name=c compression.density=5)",
+                   "error: train.global_batch_size=8 is not divisible by the 5 ranks (choose a rank count that "
+                   "divides it, or set train.batch_per_rank instead) (run: 5 ranks name=e)"]
+    runs.write_text("x name=a\n")
+    assert check_config.main(["--config", config, "--runs", str(runs)]) == 2
+    assert "--runs line 1: expected 'RANKS key=value ...'" in capsys.readouterr().err

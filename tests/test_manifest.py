@@ -75,6 +75,35 @@ def test_bad_manifests_name_file_and_line(tiny, tmp_path):
         read_manifest(tmp_path / "absent.csv")
 
 
+def test_byte_order_mark_and_bad_bytes(tiny, tmp_path):
+    """A UTF-8 BOM (spreadsheet exports) before a valid header is accepted; a byte that is not UTF-8 is
+    reported at its own line, wherever it is in the file."""
+    write_manifest(tiny, tmp_path / "plain.csv")
+    text = (tmp_path / "plain.csv").read_bytes()
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + text)
+    bom = read_manifest(tmp_path / "bom.csv")
+    pd.testing.assert_frame_equal(bom, read_manifest(tmp_path / "plain.csv"), check_like=False)
+    lines = text.split(b"\n")
+    lines[6] = lines[6].replace(b",", b",\xe9", 1)  # latin-1 e-acute on line 7
+    (tmp_path / "latin1.csv").write_bytes(b"\n".join(lines))
+    with pytest.raises(ManifestError, match=r"latin1\.csv:7: not UTF-8 text \(byte 0xe9"):
+        read_manifest(tmp_path / "latin1.csv")
+    long = [lines[0]] + lines[1:3] * 2000 + [lines[3].replace(b",", b",\xff", 1)]  # past the first read buffer
+    (tmp_path / "long.csv").write_bytes(b"\n".join(long) + b"\n")
+    with pytest.raises(ManifestError, match=r"long\.csv:4002: not UTF-8 text \(byte 0xff"):
+        read_manifest(tmp_path / "long.csv")
+
+
+def test_legacy_manifest_names_missing_audio(tiny, tmp_path):
+    txt = tmp_path / "a.txt"
+    txt.write_text("hello\n")
+    (tmp_path / "legacy.csv").write_text(f"{tiny['audio'][0]},{txt}\n{tmp_path / 'gone.wav'},{txt}\n")
+    with pytest.raises(ManifestError) as error:
+        read_manifest(tmp_path / "legacy.csv")
+    assert f"legacy.csv:2: audio file {tmp_path / 'gone.wav'} does not exist" in str(error.value)
+    assert "System error" not in str(error.value)
+
+
 def test_missing_files_by_line(tiny, tmp_path):
     df = tiny.copy()
     df.loc[3, "audio"] = str(tmp_path / "gone.sph")

@@ -10,7 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = os.path.realpath(REPO / ".venv")  # submit.sh passes the resolved path: .venv may be a symlink
-CONFIG = "configs/smoke.yaml"  # any existing file will do: the scripts only check that it exists
+CONFIG = "tests/configs/cluster.yaml"  # valid at every rank count: the submit helpers check the config
+SMOKE = "configs/smoke.yaml"  # global batch 4: refused at 3 ranks
 SCRIPTS = ["scripts/polaris/train.pbs", "scripts/polaris/submit.sh", "scripts/polaris/set_affinity_gpu_polaris.sh",
            "scripts/polaris/setup_env.sh", "scripts/slurm/train.sbatch", "scripts/slurm/submit.sh", "scripts/sweep.sh",
            "scripts/lib/args.sh"]
@@ -86,7 +87,7 @@ def test_polaris_submit_dry_run_prints_qsub_and_mpiexec_lines():
 
 def test_polaris_submit_defaults_queue_by_size_and_cuda_aware(tmp_path):
     outside = tmp_path / "exp.yaml"  # a config outside the repository keeps its absolute path
-    outside.write_text("seed: 1\n")
+    outside.write_text("seed: 1\ntrain:\n  global_batch_size: 48\n")  # 24 ranks below
     lines = command_lines(ok(["scripts/polaris/submit.sh", "-c", str(outside), "-N", "12", "--ppn", "2", "-A", "P",
                               "--cuda-aware-mpi", "--dry-run"]))
     qsub = shlex.split(lines[0])
@@ -96,7 +97,7 @@ def test_polaris_submit_defaults_queue_by_size_and_cuda_aware(tmp_path):
                         f"python train.py --config {outside} distributed.world_size=24 distributed.device=cuda "
                         f"distributed.cuda_aware_mpi=true")
     queue = lambda n: shlex.split(command_lines(ok(["scripts/polaris/submit.sh", "-c", CONFIG, "-N", n, "-A", "P",
-                                                    "--dry-run"]))[0])[4]
+                                                    "--dry-run", "--skip-config-check"]))[0])[4]
     assert [queue("1"), queue("2"), queue("3"), queue("10"), queue("11")] == \
         ["debug", "debug", "debug-scaling", "debug-scaling", "prod"]
 
@@ -128,12 +129,14 @@ def test_pbs_job_script_dry_run(tmp_path):
 
 
 @pytest.mark.parametrize("env, local_rank_env, expected", [
-    ({}, {"PMI_LOCAL_RANK": "0"}, "0"),
-    ({}, {"PMI_LOCAL_RANK": "5"}, "1"),
-    ({}, {"PALS_LOCAL_RANKID": "3"}, "3"),
-    ({"REVERSE_GPUS": "1"}, {"PMI_LOCAL_RANK": "0"}, "3"),
-    ({"REVERSE_GPUS": "1"}, {"PMI_LOCAL_RANK": "2"}, "1"),
-    ({"GPUS_PER_NODE": "2"}, {"PMI_LOCAL_RANK": "3"}, "1"),
+    ({}, {"PMI_LOCAL_RANK": "0"}, "3"),  # Polaris: GPU 3 is the one beside local rank 0's cores 0-7
+    ({}, {"PMI_LOCAL_RANK": "1"}, "2"),
+    ({}, {"PMI_LOCAL_RANK": "5"}, "2"),
+    ({}, {"PALS_LOCAL_RANKID": "3"}, "0"),
+    ({"REVERSE_GPUS": "0"}, {"PMI_LOCAL_RANK": "0"}, "0"),
+    ({"REVERSE_GPUS": "0"}, {"PMI_LOCAL_RANK": "2"}, "2"),
+    ({"GPUS_PER_NODE": "2"}, {"PMI_LOCAL_RANK": "3"}, "0"),
+    ({"GPUS_PER_NODE": "2", "REVERSE_GPUS": "0"}, {"PMI_LOCAL_RANK": "3"}, "1"),
 ])
 def test_gpu_affinity_wrapper(env, local_rank_env, expected):
     out = ok(["scripts/polaris/set_affinity_gpu_polaris.sh", "bash", "-c", 'echo "$CUDA_VISIBLE_DEVICES $0 $1"',
@@ -146,6 +149,9 @@ def test_gpu_affinity_wrapper_needs_a_local_rank():
     proc = subprocess.run(["bash", "scripts/polaris/set_affinity_gpu_polaris.sh", "true"], cwd=REPO, env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "no local rank" in proc.stderr
+    proc = subprocess.run(["bash", "scripts/polaris/set_affinity_gpu_polaris.sh", "true"], cwd=REPO,
+                          env={**env, "PMI_LOCAL_RANK": "0", "REVERSE_GPUS": "yes"}, capture_output=True, text=True)
+    assert proc.returncode == 2 and "REVERSE_GPUS must be 0 or 1, got 'yes'" in proc.stderr
 
 
 # ------------------------------------------------------------------------------------------------ Slurm
@@ -193,11 +199,11 @@ def test_sweep_local_dry_run_lists_every_run_with_a_distinct_name():
     py = ".venv/bin/mpiexec -n {P} .venv/bin/python train.py --config " + CONFIG
     expected = []
     for P in (1, 4):
-        expected.append(f"{py.format(P=P)} name=smoke-dense-p{P} compression.algorithm=dense "
+        expected.append(f"{py.format(P=P)} name=cluster-dense-p{P} compression.algorithm=dense "
                         f"distributed.world_size={P} train.epochs=1")
         for algorithm in ("oktopk", "gtopk"):
             for d in ("0.01", "0.02"):
-                expected.append(f"{py.format(P=P)} name=smoke-{algorithm}-d{d}-p{P} compression.algorithm={algorithm} "
+                expected.append(f"{py.format(P=P)} name=cluster-{algorithm}-d{d}-p{P} compression.algorithm={algorithm} "
                                 f"compression.density={d} distributed.world_size={P} train.epochs=1")
     assert lines == expected
     names = [shlex.split(line)[7] for line in lines]
@@ -216,11 +222,11 @@ def test_sweep_pbs_and_slurm_dry_runs_print_submit_commands():
     lines = ok(["scripts/sweep.sh", "-c", CONFIG, "--scheduler", "pbs", "-A", "PRJ", "-t", "02:00:00", "--dry-run",
                 "--algorithms", "dense topka", "--densities", "0.02", "--ranks", "2 8"])
     assert lines == [
-        f"scripts/polaris/submit.sh -c {CONFIG} -N 1 --ppn 2 -t 02:00:00 -A PRJ name=smoke-dense-p2 compression.algorithm=dense",
-        f"scripts/polaris/submit.sh -c {CONFIG} -N 1 --ppn 2 -t 02:00:00 -A PRJ name=smoke-topka-d0.02-p2 "
+        f"scripts/polaris/submit.sh -c {CONFIG} -N 1 --ppn 2 -t 02:00:00 -A PRJ name=cluster-dense-p2 compression.algorithm=dense",
+        f"scripts/polaris/submit.sh -c {CONFIG} -N 1 --ppn 2 -t 02:00:00 -A PRJ name=cluster-topka-d0.02-p2 "
         f"compression.algorithm=topka compression.density=0.02",
-        f"scripts/polaris/submit.sh -c {CONFIG} -N 2 --ppn 4 -t 02:00:00 -A PRJ name=smoke-dense-p8 compression.algorithm=dense",
-        f"scripts/polaris/submit.sh -c {CONFIG} -N 2 --ppn 4 -t 02:00:00 -A PRJ name=smoke-topka-d0.02-p8 "
+        f"scripts/polaris/submit.sh -c {CONFIG} -N 2 --ppn 4 -t 02:00:00 -A PRJ name=cluster-dense-p8 compression.algorithm=dense",
+        f"scripts/polaris/submit.sh -c {CONFIG} -N 2 --ppn 4 -t 02:00:00 -A PRJ name=cluster-topka-d0.02-p8 "
         f"compression.algorithm=topka compression.density=0.02",
     ]
     lines = ok(["scripts/sweep.sh", "-c", CONFIG, "--scheduler", "slurm", "-q", "gpu", "--gpus-per-node", "8",
@@ -237,12 +243,12 @@ def test_sweep_submits_one_job_per_run(tmp_path):
     calls = recorded_calls(log)
     assert len(calls) == 6 and lines.count("123.fake") == 6
     names = sorted(call[call.index("-N") + 1] for call in calls)
-    assert names == sorted(f"smoke-{a}-p{P}" for a in ("dense", "oktopk-d0.01", "oktopk-d0.02") for P in (4, 8))
+    assert names == sorted(f"cluster-{a}-p{P}" for a in ("dense", "oktopk-d0.01", "oktopk-d0.02") for P in (4, 8))
     assert all(f"select={1 if 'p4' in c[c.index('-N') + 1] else 2}:system=polaris" in c for c in calls)
     # A second sweep with the same names would append to those runs' curves: refused before submitting anything.
-    (tmp_path / "runs" / "smoke-oktopk-d0.02-p8").mkdir(parents=True)
+    (tmp_path / "runs" / "cluster-oktopk-d0.02-p8").mkdir(parents=True)
     proc = run(args, env)
-    assert proc.returncode == 2 and "smoke-oktopk-d0.02-p8 exists already: choose another --prefix" in proc.stderr
+    assert proc.returncode == 2 and "cluster-oktopk-d0.02-p8 exists already: choose another --prefix" in proc.stderr
     assert len(recorded_calls(log)) == 6
     assert run(args + ["--dry-run"], env).returncode == 0  # a dry run only notes it
 
@@ -297,10 +303,71 @@ def test_bad_arguments_are_refused(args, message, tmp_path):
 def test_sweep_local_run_really_trains(an4_manifests, tmp_path):
     """The sweep's local command line is one train.py accepts: a 1-rank smoke run, one epoch."""
     data = [f"data.{s}_manifest={an4_manifests / f'an4_{s}.csv'}" for s in ("train", "dev", "test")]
-    proc = run(["scripts/sweep.sh", "-c", CONFIG, "--algorithms", "topka", "--densities", "0.05", "--ranks", "1",
+    proc = run(["scripts/sweep.sh", "-c", SMOKE, "--algorithms", "topka", "--densities", "0.05", "--ranks", "1",
                 f"out_dir={tmp_path}", "train.epochs=1", *data], {"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = tmp_path / "smoke-topka-d0.05-p1"
     saved = (run_dir / "config.yaml").read_text()
     assert "algorithm: topka" in saved and "density: 0.05" in saved and "world_size: 1" in saved
     assert list(run_dir.glob("events.out.tfevents.*"))
+
+
+# ------------------------------------------------------------------------------------------------ config checks
+# What train.py would refuse after the queue is refused before anything is printed or submitted (dry runs
+# included): train.py's own config loader runs for the job's rank count (training/check_config.py).
+REFUSED = [
+    (["scripts/polaris/submit.sh", "-c", CONFIG, "-A", "P", "-N", "2", "trian.epochs=3"], "unknown key 'trian'", True),
+    (["scripts/polaris/submit.sh", "-c", CONFIG, "-A", "P", "compression.density=5"],
+     "compression.density must be in (0, 1], got 5", False),
+    (["scripts/polaris/submit.sh", "-c", "configs/lstman4_dense.yaml", "-A", "P", "-N", "3"],
+     "train.global_batch_size=64 is not divisible by the 12 ranks", False),
+    (["scripts/slurm/submit.sh", "-c", CONFIG, "-N", "2", "trian.epochs=3"], "unknown key 'trian'", False),
+    (["scripts/slurm/submit.sh", "-c", SMOKE, "--ppn", "3"], "train.global_batch_size=4 is not divisible by the 3 ranks",
+     True),
+    (["scripts/sweep.sh", "-c", CONFIG, "trian.epochs=3"], "unknown key 'trian'", True),
+    (["scripts/sweep.sh", "-c", SMOKE, "--ranks", "2 3", "--algorithms", "dense"], "not divisible by the 3 ranks", False),
+    (["scripts/sweep.sh", "-c", CONFIG, "--scheduler", "pbs", "-A", "P", "--ranks", "4 8", "optim.lr=-1"],
+     "optim.lr must be > 0", False),
+    (["scripts/sweep.sh", "-c", "configs/lstman4_dense.yaml", "--scheduler", "slurm", "--ranks", "12"],
+     "not divisible by the 12 ranks", True),
+]
+
+
+@pytest.mark.parametrize("args, message, dry_run", REFUSED,
+                         ids=[" ".join(a[:1] + a[2:]) + (" --dry-run" if d else "") for a, _, d in REFUSED])
+def test_configs_train_py_would_refuse_are_refused_before_the_queue(args, message, dry_run, tmp_path):
+    env, log = fake_command(tmp_path, "qsub")
+    env.update(fake_command(tmp_path, "sbatch")[0])
+    out_dir = [f"out_dir={tmp_path / 'runs'}"] if "sweep" in args[0] else []
+    proc = run(args + out_dir + (["--dry-run"] if dry_run else []), env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith(Path(args[0]).name + ": error: the config would be refused by train.py:\n")
+    assert message in proc.stderr, proc.stderr
+    assert proc.stdout == "" and not log.exists()  # nothing printed as if it would run, nothing submitted
+
+
+def test_config_check_sees_the_job_overrides_and_can_be_skipped(tmp_path):
+    # lstman4_dense.yaml says world_size 32, but the job's distributed.world_size=8 comes first and wins.
+    assert command_lines(ok(["scripts/polaris/submit.sh", "-c", "configs/lstman4_dense.yaml", "-A", "P", "-N", "2",
+                             "--dry-run"]))[1].endswith("distributed.world_size=8 distributed.device=cuda")
+    ok(["scripts/slurm/submit.sh", "-c", CONFIG, "--dry-run", "--skip-config-check", "trian.epochs=3"])
+    broken = tmp_path / "venv" / "bin" / "python"  # a venv whose python cannot run the check
+    broken.parent.mkdir(parents=True)
+    broken.write_text("#!/bin/bash\necho 'ModuleNotFoundError: no module named torch' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    proc = run(["scripts/slurm/submit.sh", "-c", CONFIG, "--venv", str(tmp_path / "venv"), "--dry-run"])
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert f"could not run the config check ({broken} -m sparse_asr.training.check_config, exit 1)" in proc.stderr
+    assert "no module named torch" in proc.stderr and "--skip-config-check" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["scripts/polaris/submit.sh", "-c", CONFIG, "-A", "P", "-N", "99999999999999999999"],
+    ["scripts/slurm/submit.sh", "-c", CONFIG, "-N", "99999999999999999999"],
+    ["scripts/slurm/submit.sh", "-c", CONFIG, "--ppn", "4611686018427387904"],  # 2^62: x 4 nodes would wrap
+    ["scripts/sweep.sh", "-c", CONFIG, "--ranks", "4 99999999999999999999"],
+])
+def test_huge_counts_are_refused_not_wrapped(args):
+    proc = run(args + ["--dry-run"])
+    assert proc.returncode == 2 and "is too large" in proc.stderr and "at most 999999999" in proc.stderr, proc.stderr
+    assert proc.stdout == ""

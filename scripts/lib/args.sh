@@ -6,9 +6,10 @@ die() {
     exit 2
 }
 
-# require_positive_int WHAT VALUE
+# require_positive_int WHAT VALUE   (at most 9 digits, so products like nodes x ranks never overflow)
 require_positive_int() {
     [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"
+    ((${#2} <= 9)) || die "$1 is too large: '$2' (at most 999999999)"
 }
 
 # require_walltime VALUE   (HH:MM:SS, as both qsub -l walltime and sbatch --time accept)
@@ -77,4 +78,35 @@ name_override() {
         fi
     done
     echo "$name"
+}
+
+# project_python VENV REPO -> the Python that checks configs on this (login) node: the job's venv if it has
+# one, else the repository's .venv (scripts/setup.sh), else python3. It runs from REPO, so the package
+# imports from the checkout even where it is not installed.
+project_python() {
+    local candidate
+    for candidate in "$1/bin/python" "$2/.venv/bin/python"; do
+        if [[ -x "$candidate" ]]; then
+            echo "$candidate"
+            return
+        fi
+    done
+    echo python3
+}
+
+# check_config PYTHON REPO CONFIG RANKS OVERRIDES...   train.py's own config checks for a run on RANKS ranks
+# with these overrides (unknown keys, bad values, a global batch the ranks do not divide), before a job
+# waits in a queue: exits 2 with the loader's message if the job would be refused. RANKS = --runs checks
+# several runs in one go, read from standard input, one 'RANKS key=value ...' a line (scripts/sweep.sh).
+check_config() {
+    local python=$1 repo=$2 config=$3 ranks=$4 output status=0
+    shift 4
+    if [[ "$ranks" == --runs ]]; then
+        output=$(cd "$repo" && "$python" -m sparse_asr.training.check_config --config "$config" --runs - "$@" 2>&1) || status=$?
+    else
+        output=$(cd "$repo" && "$python" -m sparse_asr.training.check_config --config "$config" --world-size "$ranks" "$@" 2>&1) || status=$?
+    fi
+    ((status == 0)) && return
+    ((status == 2)) && die "the config would be refused by train.py:"$'\n'"$(sed 's/^error: /  /' <<<"$output")"
+    die "could not run the config check ($python -m sparse_asr.training.check_config, exit $status):"$'\n'"$output"$'\n'"(pass --skip-config-check to submit without it)"
 }

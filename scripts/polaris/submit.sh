@@ -18,11 +18,14 @@ usage: scripts/polaris/submit.sh -c CONFIG -A ACCOUNT [options] [key=value ...]
       --cuda-aware-mpi   hand GPU buffers to Cray MPICH (MPICH_GPU_SUPPORT_ENABLED=1)
       --venv DIR         virtual environment the job activates (default REPO/.venv-polaris, see setup_env.sh)
       --dry-run          print the qsub command and the job's mpiexec line; submit nothing
+      --skip-config-check  do not run train.py's config checks for the job's rank count first
+                         (done by default, dry runs included, with the venv's or .venv's python)
   key=value              config overrides passed to train.py (no spaces, quotes or commas)
 EOF
 }
 
 config="" account="" nodes=1 ppn=4 walltime=01:00:00 queue="" filesystems=home:eagle cuda_aware=0 dry_run=0
+check=1
 venv=$REPO/.venv-polaris
 overrides=()
 while (($#)); do
@@ -37,6 +40,7 @@ while (($#)); do
         --cuda-aware-mpi) cuda_aware=1; shift ;;
         --venv) require_value "$@"; venv=$2; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
+        --skip-config-check) check=0; shift ;;
         -h | --help) usage; exit 0 ;;
         -*) die "unknown option '$1' (see --help)" ;;
         *) require_override "$1"; overrides+=("$1"); shift ;;
@@ -57,6 +61,13 @@ fi
 [[ "$filesystems" =~ ^[a-z0-9_]+(:[a-z0-9_]+)*$ ]] || die "bad --filesystems '$filesystems' (e.g. home:eagle)"
 venv=$(realpath -m "$venv")
 [[ "$REPO$venv" =~ ^[^[:space:],\'\"]+$ ]] || die "repository and venv paths must not contain spaces, quotes or commas (qsub -v)"
+
+# The job's own overrides (train.pbs) come first, as on its command line: the check sees what train.py will.
+if ((check)); then
+    job_overrides=("distributed.world_size=$((nodes * ppn))" distributed.device=cuda)
+    if ((cuda_aware)); then job_overrides+=(distributed.cuda_aware_mpi=true); fi
+    check_config "$(project_python "$venv" "$REPO")" "$REPO" "$config" "$((nodes * ppn))" "${job_overrides[@]}" "${overrides[@]}"
+fi
 
 # Job name: the run's name= override, else the config's file name; PBS wants a letter first.
 job_name=$(name_override "${overrides[@]}")

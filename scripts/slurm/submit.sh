@@ -20,12 +20,14 @@ usage: scripts/slurm/submit.sh -c CONFIG [options] [key=value ...]
       --modules "M ..."   modules the job loads first (default none)
       --srun-mpi PLUGIN   srun --mpi= plugin, e.g. pmix (default: srun's default)
       --dry-run           print the sbatch command and the job's srun line; submit nothing
+      --skip-config-check do not run train.py's config checks for the job's rank count first
+                          (done by default, dry runs included, with the venv's or .venv's python)
   key=value               config overrides passed to train.py (no spaces, quotes or commas)
 EOF
 }
 
 config="" nodes=1 ppn=4 walltime=01:00:00 partition="" account="" cpus_per_task="" cuda_aware=0 dry_run=0
-venv=$REPO/.venv modules="" srun_mpi=""
+venv=$REPO/.venv modules="" srun_mpi="" check=1
 overrides=()
 while (($#)); do
     case "$1" in
@@ -41,6 +43,7 @@ while (($#)); do
         --modules) require_value "$@"; modules=$2; shift 2 ;;
         --srun-mpi) require_value "$@"; srun_mpi=$2; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
+        --skip-config-check) check=0; shift ;;
         -h | --help) usage; exit 0 ;;
         -*) die "unknown option '$1' (see --help)" ;;
         *) require_override "$1"; overrides+=("$1"); shift ;;
@@ -58,6 +61,13 @@ require_walltime "$walltime"
 [[ "$modules" =~ ^[A-Za-z0-9_./@+\ -]*$ ]] || die "bad --modules '$modules' (space-separated module names)"
 venv=$(realpath -m "$venv")
 [[ "$REPO$venv" =~ ^[^[:space:],\'\"]+$ ]] || die "repository and venv paths must not contain spaces, quotes or commas"
+
+# The job's own overrides (train.sbatch) come first, as on its command line: the check sees what train.py will.
+if ((check)); then
+    job_overrides=("distributed.world_size=$((nodes * ppn))" distributed.device=cuda)
+    if ((cuda_aware)); then job_overrides+=(distributed.cuda_aware_mpi=true); fi
+    check_config "$(project_python "$venv" "$REPO")" "$REPO" "$config" "$((nodes * ppn))" "${job_overrides[@]}" "${overrides[@]}"
+fi
 
 job_name=$(name_override "${overrides[@]}")
 job_name=${job_name:-$(basename "${config%.*}")}

@@ -43,6 +43,31 @@ class _Request:
         self.target = target  # CUDA tensor to fill after an irecv, else None
 
 
+class _Heartbeat:
+    """An mpi4py communicator whose every call records itself while it runs: `in_flight` is (call name,
+    call number) or None. training/runtime.py's Watchdog reads it from another thread to tell a call that
+    never ends (a rank stopped, hung or dead) from a slow run."""
+
+    def __init__(self, mpi_comm):
+        self._comm = mpi_comm
+        self.in_flight = None
+        self._calls = 0
+
+    def call(self, name: str, fn, *args, **kwargs):
+        self._calls += 1
+        self.in_flight = (name, self._calls)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.in_flight = None
+
+    def __getattr__(self, name):
+        attribute = getattr(self._comm, name)
+        if not callable(attribute):
+            return attribute
+        return lambda *args, **kwargs: self.call(name, attribute, *args, **kwargs)
+
+
 class Communicator:
     """DESIGN 3. `Communicator()` uses MPI.COMM_WORLD when mpi4py is importable, else one process."""
 
@@ -61,10 +86,17 @@ class Communicator:
                 MPI = None
             if MPI is not None:
                 self._mpi, self._comm = MPI, MPI.COMM_WORLD
+        if self._comm is not None:
+            self._comm = _Heartbeat(self._comm)
         self.rank = self._comm.Get_rank() if self._comm is not None else 0
         self.size = self._comm.Get_size() if self._comm is not None else 1
         self._totals = CommCounts()
         self._per_op: dict[str, CommCounts] = {}
+
+    @property
+    def in_flight(self) -> tuple[str, int] | None:
+        """(MPI call, call number) while an MPI call runs, else None (see _Heartbeat)."""
+        return None if self._comm is None else self._comm.in_flight
 
     # ------------------------------------------------------------------ accounting
     def counts(self, op: str | None = None) -> CommCounts:
@@ -195,7 +227,7 @@ class Communicator:
     def waitall(self, requests: list[_Request]) -> None:
         t0 = time.perf_counter()
         if requests:
-            self._mpi.Request.Waitall([r.mpi_request for r in requests])
+            self._comm.call("Waitall", self._mpi.Request.Waitall, [r.mpi_request for r in requests])
         for r in requests:
             if r.target is not None:
                 r.target.copy_(r.host.view_as(r.target))

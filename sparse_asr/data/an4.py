@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sparse_asr.data.audio import AudioError, load_audio
+from sparse_asr.data.audio import AudioError, audio_frames
 from sparse_asr.data.manifest import write_manifest
 from sparse_asr.data.text import text_to_ids
 
@@ -200,7 +200,7 @@ def read_split(root: Path, split: str) -> tuple[pd.DataFrame, list[str]]:
             problems.append(f"{split}: transcript without audio: {utt} (expected {audio})")
             continue
         try:
-            samples = len(load_audio(audio, SAMPLE_RATE))  # reads every file (~0.3 s for all of AN4)
+            samples = audio_frames(audio, SAMPLE_RATE)  # every file's header: rate, channels, not truncated
         except AudioError as e:
             problems.append(f"{split}: unreadable audio: {e}")
             continue

@@ -1,6 +1,7 @@
 """Audio loading (soundfile: WAV and NIST SPHERE), spectrogram features and their training augmentation (DESIGN 6)."""
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -13,12 +14,10 @@ class AudioError(ValueError):
     """An audio file that cannot be used as it is; the message names the file."""
 
 
-def _declared_frames(path, info) -> int | None:
-    """Frames the file's header promises, for the two formats we meet (NIST SPHERE, RIFF WAV);
-    None when unknown. libsndfile silently reads a truncated file up to where it ends, so
-    comparing with this is how a cut-off file is caught."""
-    with open(path, "rb") as f:
-        head = f.read(4096)
+def _declared_frames(head: bytes, info) -> int | None:
+    """Frames the file's header (its first bytes, `head`) promises, for the two formats we meet (NIST
+    SPHERE, RIFF WAV); None when unknown. libsndfile counts the frames actually present, so comparing
+    with this is how a cut-off file is caught."""
     if head.startswith(b"NIST_1A"):
         for line in head.split(b"\n"):
             parts = line.split()
@@ -36,27 +35,44 @@ def _declared_frames(path, info) -> int | None:
     return None
 
 
+def audio_frames(path, sample_rate: int = 16000) -> int:
+    """Frames of a mono file at `sample_rate`, from its header alone (nothing is decoded, so a whole corpus
+    is checked quickly). Raises AudioError naming the file if it does not exist or cannot be
+    read, is not at `sample_rate`, has more than one channel (we do not resample or downmix silently:
+    AN4 is 16 kHz mono, anything else is a mistake), is truncated, or holds no samples. This is THE
+    check of an audio file: load_audio, the AN4 preparation and the trainer's manifest check use it."""
+    path = str(path)
+    if not os.path.isfile(path):
+        raise AudioError(f"{path}: {'not a regular file' if os.path.exists(path) else 'file does not exist'}")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+        info = soundfile.info(path)
+        declared = _declared_frames(head, info)
+    except OSError as e:
+        raise AudioError(f"{path}: cannot open ({e.strerror or e})") from None
+    except (RuntimeError, ValueError, struct.error) as e:  # soundfile's errors are RuntimeErrors
+        raise AudioError(f"{path}: cannot read audio ({e})") from None
+    if info.samplerate != sample_rate:
+        raise AudioError(f"{path}: sample rate {info.samplerate} Hz, expected {sample_rate} Hz")
+    if info.channels != 1:
+        raise AudioError(f"{path}: {info.channels} channels, expected mono")
+    if declared is not None and info.frames < declared:
+        raise AudioError(f"{path}: truncated: header declares {declared} samples, file holds {info.frames}")
+    if info.frames == 0:
+        raise AudioError(f"{path}: no samples")
+    return info.frames
+
+
 def load_audio(path, sample_rate: int = 16000) -> torch.Tensor:
     """Samples of a mono file as float32 in [-1, 1], shape (samples,). Raises AudioError naming the
-    file if it is unreadable, truncated, empty, not at `sample_rate`, or has more than one channel
-    (we do not resample or downmix silently: AN4 is 16 kHz mono, anything else is a mistake)."""
+    file if audio_frames refuses it, or if it cannot be decoded or holds non-finite samples."""
     path = str(path)
+    audio_frames(path, sample_rate)
     try:
-        info = soundfile.info(path)
-        if info.samplerate != sample_rate:
-            raise AudioError(f"{path}: sample rate {info.samplerate} Hz, expected {sample_rate} Hz")
-        if info.channels != 1:
-            raise AudioError(f"{path}: {info.channels} channels, expected mono")
         wave, _ = soundfile.read(path, dtype="float32", always_2d=False)
-        declared = _declared_frames(path, info)
-    except AudioError:
-        raise
-    except (OSError, RuntimeError, ValueError, struct.error) as e:  # soundfile's errors are RuntimeErrors
+    except (OSError, RuntimeError, ValueError) as e:
         raise AudioError(f"{path}: cannot read audio ({e})") from None
-    if declared is not None and len(wave) < declared:
-        raise AudioError(f"{path}: truncated: header declares {declared} samples, file holds {len(wave)}")
-    if len(wave) == 0:
-        raise AudioError(f"{path}: no samples")
     if not np.isfinite(wave).all():
         raise AudioError(f"{path}: non-finite samples")
     return torch.from_numpy(wave)

@@ -49,12 +49,17 @@ def read_raw(path) -> RawManifest:
     path = Path(path)
     if not path.is_file():
         raise ManifestError(f"manifest {path} does not exist")
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        try:
-            lines = [(reader.line_num, fields) for fields in reader]  # line_num: where the record ends
-        except (csv.Error, UnicodeDecodeError) as e:
-            raise ManifestError(f"{path}:{reader.line_num + 1}: not a readable CSV line ({e})") from None
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # a byte-order mark (spreadsheet exports) is not part of the header
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ManifestError(f"{path}:{line}: not UTF-8 text (byte {data[e.start]:#04x}; {e.reason})") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        lines = [(reader.line_num, fields) for fields in reader]  # line_num: where the record ends
+    except csv.Error as e:
+        raise ManifestError(f"{path}:{reader.line_num + 1}: not a readable CSV line ({e})") from None
     if not lines:
         raise ManifestError(f"manifest {path} is empty")
     first = [value.strip() for value in lines[0][1]]
@@ -103,6 +108,8 @@ def read_manifest(path) -> pd.DataFrame:
             try:
                 with open(txt, encoding="utf-8") as f:
                     transcript = f.read()
+                if not os.path.isfile(audio):  # else libsndfile says only "System error."
+                    raise FileNotFoundError(f"audio file {audio} does not exist")
                 info = soundfile.info(audio)
             except (OSError, RuntimeError) as e:
                 raise ManifestError(f"{where}: {e} (repair paths with scripts/fix_manifest.py)") from None
@@ -116,6 +123,25 @@ def read_manifest(path) -> pd.DataFrame:
     df["duration"] = df["duration"].astype(float)
     df.attrs["manifest"] = str(raw.path)
     return df
+
+
+# Manifests may round durations (whoever wrote them); a wrong or cut-off file is off by far more.
+DURATION_TOLERANCE_S = 0.1
+
+
+def audio_problem(audio: str, duration: float, sample_rate: int = 16000) -> str | None:
+    """Why a manifest row's audio cannot be trained on, from the file's header only (audio.audio_frames:
+    exists, readable, rate, mono, not truncated), or because it is not as long as the manifest says
+    (within DURATION_TOLERANCE_S); None if it is fine. The message names the file."""
+    from sparse_asr.data.audio import AudioError, audio_frames  # torch-free callers of this module stay light
+
+    try:
+        seconds = audio_frames(audio, sample_rate) / sample_rate
+    except AudioError as e:
+        return str(e)
+    if abs(seconds - duration) > DURATION_TOLERANCE_S:
+        return f"{audio}: holds {seconds:.3f} s of audio, the manifest says {duration:.3f} s"
+    return None
 
 
 def missing_files(df: pd.DataFrame) -> list[tuple[int, str]]:

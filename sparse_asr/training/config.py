@@ -55,7 +55,11 @@ class DataConfig:
 @dataclass
 class TrainConfig:
     epochs: int = 30
-    global_batch_size: int = 32  # summed over ranks; must be divisible by the world size
+    # Exactly one of the two batch sizes is set. global_batch_size: summed over ranks, fixed whatever the rank
+    # count (must be divisible by it). batch_per_rank: weak scaling, as the original code's per-worker
+    # --batch-size; the global batch resolves to batch_per_rank x ranks (and the default 32 is then unused).
+    global_batch_size: typing.Optional[int] = 32
+    batch_per_rank: typing.Optional[int] = None
     eval_batch_size: int = 32  # global, for dev/test evaluation
     eval_every_epochs: int = 1  # 0 = never evaluate on dev during training
     log_every_steps: int = 10
@@ -92,6 +96,9 @@ class DistributedConfig:
     world_size: typing.Optional[int] = None  # if set, must equal the real MPI size; resolved to it
     cuda_aware_mpi: bool = False  # pass CUDA buffers straight to MPI (else staged through host memory)
     device: str = "auto"  # auto (cuda if available), cpu or cuda
+    # Watchdog: end the job when one MPI call has waited this many seconds (a rank stopped, hung or dead
+    # would otherwise hold every other rank forever). 0 = off (the default): see README "On a cluster".
+    timeout_s: float = 0.0
 
 
 @dataclass
@@ -139,6 +146,7 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
         return source
 
     cfg = _build(Config, raw, "", where)
+    cfg = _one_batch_size(cfg, raw, where)
     _check_values(cfg, where)
     return cfg
 
@@ -187,11 +195,14 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def parse_override(text: str) -> tuple[str, object]:
-    """'train.epochs=3' -> ('train.epochs', 3); values are parsed as YAML (so 0.5, true, null, [1, 2] work)."""
+    """'train.epochs=3' -> ('train.epochs', 3); values are parsed as YAML (so 0.5, true, null, [1, 2] work).
+    An empty value is the empty string, as in a shell: data.test_manifest= means no test set."""
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key or any(not part.strip() for part in key.split(".")) or " " in key:
         raise ConfigError(f"bad override {text!r}: expected key.sub=value, e.g. train.epochs=3")
+    if not value.strip():
+        return key, ""
     try:
         return key, yaml.safe_load(value)
     except yaml.YAMLError as e:
@@ -207,6 +218,22 @@ def _set_dotted(raw: dict, key: str, value, text: str) -> None:
             raise ConfigError(f"override {text!r}: {'.'.join(parts[: i + 1])} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+def _one_batch_size(cfg: Config, raw: dict, where) -> Config:
+    """train.batch_per_rank replaces the default global batch; setting both is an error naming where each
+    was set (a config file with a global batch + batch_per_rank on the command line needs
+    train.global_batch_size=null)."""
+    t = cfg.train
+    if t.batch_per_rank is None:
+        if t.global_batch_size is None:
+            raise ConfigError(f"{where('train.global_batch_size')}: set train.global_batch_size or train.batch_per_rank")
+        return cfg
+    if raw.get("train", {}).get("global_batch_size") is not None:
+        raise ConfigError(f"train.global_batch_size ({where('train.global_batch_size')}) and train.batch_per_rank "
+                          f"({where('train.batch_per_rank')}) are both set: set exactly one (add "
+                          f"train.global_batch_size=null to scale the global batch with the ranks)")
+    return dataclasses.replace(cfg, train=dataclasses.replace(t, global_batch_size=None))
 
 
 def _build(cls, raw, prefix: str, where):
@@ -263,7 +290,8 @@ def _check_values(cfg: Config, where) -> None:
     t, o, c, d = cfg.train, cfg.optim, cfg.compression, cfg.distributed
     require("/" not in cfg.name and cfg.name not in (".", ".."), "name", "must be a plain directory name")
     require(t.epochs >= 1, "train.epochs", "must be >= 1")
-    require(t.global_batch_size >= 1, "train.global_batch_size", "must be >= 1")
+    require(t.global_batch_size is None or t.global_batch_size >= 1, "train.global_batch_size", "must be >= 1")
+    require(t.batch_per_rank is None or t.batch_per_rank >= 1, "train.batch_per_rank", "must be >= 1 or null")
     require(t.eval_batch_size >= 1, "train.eval_batch_size", "must be >= 1")
     require(t.eval_every_epochs >= 0, "train.eval_every_epochs", "must be >= 0")
     require(t.log_every_steps >= 1, "train.log_every_steps", "must be >= 1")
@@ -291,6 +319,7 @@ def _check_values(cfg: Config, where) -> None:
             "compression.warmup_steps", "must be 'auto' or an integer >= 0")
     require(d.world_size is None or d.world_size >= 1, "distributed.world_size", "must be >= 1 or null")
     require(d.device in ("auto", "cpu", "cuda"), "distributed.device", "must be auto, cpu or cuda")
+    require(d.timeout_s >= 0, "distributed.timeout_s", "must be >= 0 (0 = no watchdog)")
     _check_model(cfg.model.name, where)
     _check_compression(c, where)
 
@@ -343,22 +372,32 @@ def default_run_name(cfg: Config, world_size: int, timestamp: str) -> str:
     return f"{cfg.model.name}-{c.algorithm}-d{density}-p{world_size}-{timestamp}"
 
 
-def resolve_for_run(cfg: Config, comm) -> Config:
-    """Record the real world size and the run name (timestamp from rank 0), then check that every
-    rank holds the identical resolved config."""
+def resolve_world_size(cfg: Config, world_size: int) -> Config:
+    """The config as it runs on `world_size` ranks, or ConfigError if it cannot: distributed.world_size
+    recorded, the global batch fixed (batch_per_rank x ranks; batch_per_rank is then cleared, so the saved
+    config reloads as the same run). Shared by resolve_for_run and, before a job is queued, check_config."""
     ws = cfg.distributed.world_size
-    if ws is not None and ws != comm.size:
-        raise ConfigError(f"distributed.world_size is {ws} but the job runs {comm.size} MPI ranks; "
+    if ws is not None and ws != world_size:
+        raise ConfigError(f"distributed.world_size is {ws} but the job runs {world_size} MPI ranks; "
                           f"launch with mpiexec -n {ws} or set distributed.world_size=null")
-    if cfg.train.global_batch_size % comm.size:
-        raise ConfigError(f"train.global_batch_size={cfg.train.global_batch_size} is not divisible by the "
-                          f"{comm.size} ranks")
+    t = cfg.train
+    if t.batch_per_rank is not None:
+        t = dataclasses.replace(t, global_batch_size=t.batch_per_rank * world_size, batch_per_rank=None)
+    elif t.global_batch_size % world_size:
+        raise ConfigError(f"train.global_batch_size={t.global_batch_size} is not divisible by the {world_size} "
+                          f"ranks (choose a rank count that divides it, or set train.batch_per_rank instead)")
+    return dataclasses.replace(cfg, train=t, distributed=dataclasses.replace(cfg.distributed, world_size=world_size))
+
+
+def resolve_for_run(cfg: Config, comm) -> Config:
+    """Record the real world size and global batch (resolve_world_size) and the run name (timestamp from
+    rank 0), then check that every rank holds the identical resolved config."""
+    cfg = resolve_world_size(cfg, comm.size)
     name = cfg.name
     if not name:
         timestamp = comm.bcast_object(time.strftime("%Y%m%d-%H%M%S") if comm.rank == 0 else None)
         name = default_run_name(cfg, comm.size, timestamp)
-    cfg = dataclasses.replace(cfg, name=name,
-                              distributed=dataclasses.replace(cfg.distributed, world_size=comm.size))
+    cfg = dataclasses.replace(cfg, name=name)
     check_same_on_all_ranks(cfg, comm)
     return cfg
 

@@ -1,16 +1,22 @@
-"""Per-process set-up shared by train.py and evaluate.py: local rank, device, CPU threads, seeds,
-and the rule that an exception on any rank ends the whole job (never a hang)."""
+"""Per-process set-up shared by train.py and evaluate.py: local rank, device, CPU threads, seeds, the
+audio check before training, and the rules that an exception on any rank ends the whole job and that an
+MPI call that never ends does too, with the watchdog (never a hang)."""
 from __future__ import annotations
 
 import os
 import random
 import socket
 import sys
+import threading
 import time
 import traceback
 
 import numpy as np
 import torch
+
+from sparse_asr.data.audio import AudioError
+from sparse_asr.data.manifest import ManifestError, audio_problem
+from sparse_asr.training.config import ConfigError
 
 LOCAL_RANK_VARIABLES = ("MPI_LOCALRANKID", "PMI_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PALS_LOCAL_RANKID",
                         "SLURM_LOCALID")
@@ -56,16 +62,80 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def check_manifest_audio(comm, manifests, sample_rate: int = 16000) -> int:
+    """Collective, before the first step: the audio of every row of `manifests` (DataFrames from
+    read_manifest) checked from its header (manifest.audio_problem), rank r taking every P-th distinct
+    row. Every rank raises AudioError if any row is bad: rank 0's message lists each bad manifest line
+    and why, the others' point to it. Returns the number of rows checked."""
+    rows = sorted({(df.attrs["manifest"], int(line), audio, float(duration)) for df in manifests
+                   for line, audio, duration in zip(df["line"], df["audio"], df["duration"])})
+    mine = [(manifest, line, problem) for manifest, line, audio, duration in rows[comm.rank::comm.size]
+            if (problem := audio_problem(audio, duration, sample_rate)) is not None]
+    problems = sorted(p for part in comm.allgather_object(mine) for p in part)
+    if problems and comm.rank == 0:
+        raise AudioError(f"{len(problems)} of {len(rows)} manifest rows have audio that cannot be used (checked "
+                         f"before training):\n" + "\n".join(f"  {manifest}:{line}: {problem}"
+                                                             for manifest, line, problem in problems))
+    if problems:
+        raise AudioError(f"{len(problems)} of {len(rows)} manifest rows have audio that cannot be used: rank 0 "
+                         f"lists them")
+    return len(rows)
+
+
+class Watchdog:
+    """Ends the whole MPI job when one MPI call of `comm` has waited `timeout_s` seconds: a rank that is
+    stopped (SIGSTOP), hung or dead would otherwise hold every other rank in a collective forever. A
+    daemon thread reads the communicator's heartbeat (comm.in_flight) every timeout_s / 10 seconds (at
+    most 1 s). Time this process itself spent stopped does not count (the thread's own sleep then
+    overran), so a job suspended and resumed as a whole is not aborted."""
+
+    def __init__(self, comm, timeout_s: float):
+        self.comm, self.timeout_s = comm, timeout_s
+        self.poll_s = min(1.0, timeout_s / 10)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.watch, name="watchdog", daemon=True)
+        self.thread.start()
+
+    def watch(self) -> None:
+        waited, watched, tick = 0.0, None, time.monotonic()
+        while not self.stopped.wait(self.poll_s):
+            now = time.monotonic()
+            elapsed, tick = min(now - tick, 2 * self.poll_s), now
+            call = self.comm.in_flight
+            if call is None or call != watched:
+                waited, watched = 0.0, call
+                continue
+            waited += elapsed
+            if waited >= self.timeout_s:
+                print(f"rank {self.comm.rank}: watchdog: MPI {call[0]} has waited {waited:.0f} s "
+                      f"(distributed.timeout_s={self.timeout_s:g}): another rank is stopped, hung or dead; "
+                      f"aborting the job", file=sys.stderr, flush=True)
+                time.sleep(1.0)  # let the launcher forward the message before MPI_Abort
+                self.comm.abort(1)
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+
+# Errors whose message says all a user needs (the file, line or key, and what is wrong): printed without
+# a traceback unless SPARSE_ASR_TRACEBACK=1. Anything else is a bug or an environment problem: traceback.
+USER_ERRORS = (ConfigError, ManifestError, AudioError, FileNotFoundError, FileExistsError, KeyboardInterrupt)
+
+
 def run_or_abort(comm, fn, *args):
-    """Run fn(*args); any exception on any rank prints `rank R: error` and a traceback to stderr,
-    then aborts the MPI job so the other ranks (possibly inside a collective) end too."""
+    """Run fn(*args); any exception on any rank prints `rank R: <type>: <message>` to stderr (with a
+    traceback unless it is one of USER_ERRORS), then aborts the MPI job so the other ranks (possibly
+    inside a collective) end too."""
     try:
         return fn(*args)
     except BaseException as e:  # noqa: BLE001 -- including KeyboardInterrupt: the job must end
         if isinstance(e, SystemExit) and not e.code:
             raise
-        print(f"rank {comm.rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        traceback.print_exc()
+        print(f"rank {comm.rank}: {type(e).__name__}" + (f": {e}" if str(e) else ""), file=sys.stderr, flush=True)
+        if os.environ.get("SPARSE_ASR_TRACEBACK") == "1" or not isinstance(e, USER_ERRORS):
+            traceback.print_exc()
         sys.stderr.flush()
         if comm.size > 1:
             time.sleep(1.0)  # let the launcher forward this message before MPI_Abort tears the job down

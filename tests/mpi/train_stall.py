@@ -1,0 +1,36 @@
+"""Under mpiexec: rank 1 stops itself (SIGSTOP) before optimizer step 2, as a stalled node would. With
+distributed.timeout_s set, the other ranks' watchdog must end the whole job within seconds, naming the
+MPI call that waited; without it, the job would hang forever.
+
+    mpiexec -n P python -m tests.mpi.train_stall MANIFEST_DIR OUT_DIR TIMEOUT_S
+
+Prints 'STOPPING <unix time>' to stderr just before the stop, so the test can time the shutdown.
+"""
+import os
+import signal
+import sys
+import time
+
+import train
+from sparse_asr.comm import Communicator
+from sparse_asr.training.trainer import Trainer
+from tests.mpi.train_common import SMOKE_CONFIG, tiny_overrides
+
+original = Trainer.train_step
+
+
+def train_step(self, batch):
+    if self.comm.rank == 1 and self.progress.step == 2:
+        print(f"STOPPING {time.time()}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return original(self, batch)
+
+
+if __name__ == "__main__":
+    Trainer.train_step = train_step
+    P = Communicator().size
+    overrides = tiny_overrides(sys.argv[1], sys.argv[2], "stall", train__global_batch_size=4 * P,
+                               data__max_train_utterances=16 * P, train__epochs=3,
+                               distributed__timeout_s=sys.argv[3])
+    train.main(["--config", str(SMOKE_CONFIG), *overrides])
+    print("rank finished normally (it should not)", flush=True)

@@ -1,0 +1,142 @@
+"""How a job ends when something goes wrong: one line per failing rank (a traceback only for what is not a
+user's error), the audio check shared among ranks, and the watchdog that ends a job whose rank stopped."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from sparse_asr.data.manifest import read_manifest, write_manifest
+from sparse_asr.training.runtime import Watchdog
+from tests.mpi_helpers import REPO, run_mpi
+
+ERROR_MODULE = ["-m", "tests.mpi.raise_error"]
+
+
+def run_python(args, env=None, **kw):
+    return subprocess.run([sys.executable, *args], cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=120, **kw)
+
+
+def test_a_user_error_is_one_line_without_traceback():
+    proc = run_python(ERROR_MODULE + ["config"], {"SPARSE_ASR_TRACEBACK": ""})
+    assert proc.returncode == 1
+    assert proc.stderr == "rank 0: ConfigError: cfg.yaml: train.epochs must be >= 1, got 0\n"
+    proc = run_python(ERROR_MODULE + ["missing"], {"SPARSE_ASR_TRACEBACK": ""})
+    assert proc.stderr == "rank 0: FileNotFoundError: checkpoint runs/x/last.pt does not exist\n"
+
+
+def test_a_bug_or_traceback_requested_prints_the_traceback():
+    proc = run_python(ERROR_MODULE + ["bug"], {"SPARSE_ASR_TRACEBACK": ""})
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("rank 0: RuntimeError: something unexpected\nTraceback (most recent call last):")
+    proc = run_python(ERROR_MODULE + ["config"], {"SPARSE_ASR_TRACEBACK": "1"})
+    assert proc.stderr.startswith("rank 0: ConfigError: cfg.yaml: train.epochs must be >= 1, got 0\nTraceback")
+
+
+@pytest.mark.mpi
+def test_every_failing_rank_prints_one_line():
+    proc = run_mpi(2, ERROR_MODULE + ["config"], timeout=60, env={"SPARSE_ASR_TRACEBACK": ""})
+    assert proc.returncode != 0
+    lines = sorted(line for line in proc.stderr.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {r}: ConfigError: cfg.yaml: train.epochs must be >= 1, got 0" for r in (0, 1)], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_audio_check_is_shared_among_ranks_and_every_rank_raises(nprocs, tiny_manifest, tmp_path):
+    df = read_manifest(tiny_manifest)
+    df.loc[2, "audio"], df.loc[5, "audio"] = str(tmp_path / "gone.sph"), str(tmp_path)
+    write_manifest(df, tmp_path / "train.csv")
+    first = "2 of 16 manifest rows have audio that cannot be used (checked before training):"
+    proc = run_mpi(nprocs, ["-m", "tests.mpi.audio_check", str(tmp_path / "train.csv"), str(tiny_manifest), first],
+                   timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[:3] == [first, f"  {tmp_path / 'train.csv'}:4: {tmp_path / 'gone.sph'}: file does "
+                                                   f"not exist", f"  {tmp_path / 'train.csv'}:7: {tmp_path}: not a "
+                                                                 f"regular file"]
+    assert f"P={nprocs}: shares" in proc.stdout
+
+
+class FakeComm:
+    """What the watchdog reads (rank, in_flight) and calls (abort), without MPI."""
+
+    rank = 0
+
+    def __init__(self):
+        self.in_flight = None
+        self.aborted = threading.Event()
+
+    def abort(self, code):
+        self.aborted.set()
+
+
+def test_watchdog_fires_when_one_call_waits_too_long(capsys):
+    comm = FakeComm()
+    comm.in_flight = ("Allreduce", 7)
+    t0 = time.monotonic()
+    watchdog = Watchdog(comm, timeout_s=0.5)
+    assert comm.aborted.wait(10)
+    assert 0.5 <= time.monotonic() - t0 < 5
+    watchdog.stop()
+    assert re.fullmatch(r"rank 0: watchdog: MPI Allreduce has waited \d+ s \(distributed\.timeout_s=0\.5\): another "
+                        r"rank is stopped, hung or dead; aborting the job\n", capsys.readouterr().err)
+
+
+def test_watchdog_never_fires_on_a_slow_but_moving_run():
+    """Many calls, each shorter than the timeout, and long stretches without any call (computing): the
+    run as a whole takes several timeouts and the watchdog stays quiet."""
+    comm = FakeComm()
+    watchdog = Watchdog(comm, timeout_s=0.5)
+    for call in range(8):
+        comm.in_flight = ("Allreduce", call)
+        time.sleep(0.3)
+        comm.in_flight = None
+        time.sleep(0.3 if call % 2 else 0.8)
+    watchdog.stop()
+    assert not comm.aborted.is_set()
+
+
+def test_watchdog_does_not_count_time_this_process_was_stopped():
+    """A whole job suspended (SIGSTOP) and resumed (SIGCONT) must not be aborted for the time it was stopped."""
+    script = ("import sys, time\n"
+              "from tests.test_runtime import FakeComm\n"
+              "from sparse_asr.training.runtime import Watchdog\n"
+              "comm = FakeComm()\n"
+              "comm.in_flight = ('Allreduce', 1)\n"
+              "watchdog = Watchdog(comm, timeout_s=2.0)\n"
+              "print('ready', flush=True)\n"
+              "sys.stdin.readline()\n"
+              "comm.in_flight = None\n"
+              "time.sleep(0.5)\n"
+              "print('aborted' if comm.aborted.is_set() else 'survived', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(4)  # twice the timeout
+        proc.send_signal(signal.SIGCONT)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "survived\n"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.mpi
+def test_a_stopped_rank_ends_the_job_with_the_watchdog(an4_manifests, tmp_path):
+    proc = run_mpi(2, ["-m", "tests.mpi.train_stall", str(an4_manifests), str(tmp_path), "3"], timeout=120)
+    ended = time.time()
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert re.search(r"rank 0: watchdog: MPI \w+ has waited \d+ s \(distributed\.timeout_s=3\): another rank is "
+                     r"stopped, hung or dead; aborting the job", proc.stderr), proc.stderr
+    assert "finished normally" not in proc.stdout
+    stopped = float(re.search(r"STOPPING (\d+\.\d+)", proc.stderr).group(1))
+    assert ended - stopped < 15, f"the job took {ended - stopped:.1f} s to end after the stop (timeout 3 s)"
