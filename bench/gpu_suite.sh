@@ -15,7 +15,7 @@
 # Everything lands in DIR (default bench/results/gpu_suite-<time>/), each step's output in its own
 # files and its status in steps.tsv. Each step has its own time limit (they add up to under 8 minutes);
 # a failed step is reported and the suite goes on; the exit status is 1 if any step failed.
-# STEPS (measured steps per algorithm, default 64) and EPOCHS (default 20) may be set in the environment;
+# STEPS (measured steps per algorithm, default 64) and EPOCHS (default 15) may be set in the environment;
 # the trainings' checkpoints are deleted at the end unless KEEP_CHECKPOINTS=1.
 # --dry-run: every step with tiny sizes on the CPU (lstman4_tiny, 2 steps, 16 utterances, 1 epoch) to
 # check the commands here rather than on the GPU.
@@ -45,7 +45,7 @@ for manifest in manifests/an4_train.csv manifests/an4_dev.csv manifests/an4_test
     [[ -f "$manifest" ]] || { echo "gpu_suite.sh: error: $manifest is missing (prepare AN4, see README.md)" >&2; exit 2; }
 done
 STEPS=${STEPS:-64}
-EPOCHS=${EPOCHS:-20}
+EPOCHS=${EPOCHS:-15}
 [[ "$STEPS" =~ ^[1-9][0-9]*$ && "$EPOCHS" =~ ^[1-9][0-9]*$ ]] || {
     echo "gpu_suite.sh: error: STEPS and EPOCHS must be positive integers, got '$STEPS', '$EPOCHS'" >&2; exit 2; }
 OUT=${OUT:-bench/results/gpu_suite-$( ((DRY_RUN)) && echo "dry-" )$(date +%Y%m%d-%H%M%S)}
