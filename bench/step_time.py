@@ -186,7 +186,8 @@ def run(args, comm) -> list[dict]:
         figures = reduce_over_ranks(comm, mine)
         rows.append({"algorithm": algorithm, "P": comm.size, "model": args.model, "parameters": numel,
                      "density": None if algorithm == "dense" else args.density, "steps": args.steps,
-                     "warmup": args.warmup, "threads_per_rank": threads, "device": device_name, **figures,
+                     "warmup": args.warmup, "threads_per_rank": threads, "device": device_name,
+                     "precision": cfg.train.precision, **figures,
                      "comm_select_pct_of_compute": 100.0 * (figures["t_comm_mean"] + figures["t_select_mean"])
                      / figures["t_compute_mean"],
                      "recomputed": recomputed})

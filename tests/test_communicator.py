@@ -22,3 +22,36 @@ def test_communicator_one_process_without_mpiexec(flags):
     proc = subprocess.run([sys.executable, *MODULE, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok communicator P=1" in proc.stdout
+
+
+def test_cuda_aware_buffers_wait_for_the_current_stream(monkeypatch):
+    """distributed.cuda_aware_mpi: a device tensor goes to MPI as it is, so the kernels queued on the
+    current stream (which produce it, or last used its memory) must finish first; host tensors never
+    touch CUDA. No GPU here: a stand-in tensor and a recording torch.cuda.current_stream."""
+    import numpy as np
+    import torch
+
+    from sparse_asr.comm import Communicator
+
+    calls = []
+
+    class Stream:
+        def synchronize(self):
+            calls.append("synchronize")
+
+    def current_stream(device=None):
+        calls.append(("current_stream", device))
+        return Stream()
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    comm = Communicator(cuda_aware=True)
+    host = torch.arange(4.0)
+    assert isinstance(comm._buf(host), np.ndarray) and calls == []
+
+    class DeviceTensor:  # what _buf reads of a CUDA tensor
+        is_cuda = True
+        device = "cuda:1"
+
+    tensor = DeviceTensor()
+    assert comm._buf(tensor) is tensor
+    assert calls == [("current_stream", "cuda:1"), "synchronize"]

@@ -74,6 +74,8 @@ def test_file_values_and_overrides(tmp_path):
     ("", ["train.batch_per_rank=0"], "train.batch_per_rank", "train.batch_per_rank=0"),
     ("", ["distributed.timeout_s=-5"], "distributed.timeout_s", "distributed.timeout_s=-5"),
     ("", ["train.epochs="], "train.epochs", "train.epochs="),
+    ("", ["train.precision=fp16"], "train.precision", "train.precision=fp16"),
+    ("train:\n  precision: bfloat16\n", [], "train.precision", "cfg.yaml"),
 ])
 def test_bad_key_or_value_names_the_key(tmp_path, text, overrides, key, origin):
     path = write(tmp_path, text)
@@ -91,6 +93,12 @@ def test_augmentation_is_off_by_default_and_configurable():
     cfg = load_config(None, ["data.freq_masks=2", "data.freq_mask_width=20", "data.time_masks=3",
                              "data.time_mask_width=40", "data.time_mask_max_fraction=0.2"])
     assert settings(cfg.data) == (2, 20, 3, 40, 0.2)
+
+
+def test_precision_is_fp32_by_default_and_bf16_validates(tmp_path):
+    assert load_config(None).train.precision == "fp32"
+    assert load_config(write(tmp_path, "train:\n  precision: bf16\n")).train.precision == "bf16"
+    assert load_config(None, ["train.precision=bf16"]).train.precision == "bf16"
 
 
 def test_compression_options_checked_by_the_algorithms_options(tmp_path):

@@ -137,6 +137,40 @@ def test_flat_gradient_buffer_matches_ordinary_backward(tiny_manifest):
         offset += p.numel()
 
 
+def test_bf16_step_autocasts_the_forward_and_keeps_float32_gradients_and_weights(tiny_manifest, tmp_path):
+    """train.precision=bf16: the model's layers compute in bfloat16 (autocast), the loss is close to the
+    float32 one from the same weights but not equal, and the gradient buffer, the weights and the
+    update stay float32."""
+    from sparse_asr.comm import Communicator
+    from sparse_asr.training.config import load_config, resolve_for_run
+    from sparse_asr.training.logging import RunLogger
+    from tests.mpi.train_common import SMOKE_CONFIG
+
+    dataset = SpeechDataset(tiny_manifest)
+    batch = collate([dataset[i] for i in range(4)])
+    comm = Communicator()
+    losses, trainers = {}, {}
+    for precision in ("fp32", "bf16"):
+        cfg = resolve_for_run(load_config(SMOKE_CONFIG, tiny_on(tiny_manifest, tmp_path, precision)
+                                          + [f"train.precision={precision}"]), comm)
+        torch.manual_seed(0)
+        trainer = Trainer(cfg, comm, build_model("lstman4_tiny"), dataset, None, None, "cpu", RunLogger("", enabled=False))
+        seen = []
+        trainer.model.classifier.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+        before = [p.detach().clone() for p in trainer.params]
+        record = trainer.train_step(batch)
+        assert record is not None and math.isfinite(record.loss)
+        assert seen == [torch.bfloat16 if precision == "bf16" else torch.float32]
+        assert trainer.flat_grad.dtype == torch.float32 and torch.isfinite(trainer.flat_grad).all()
+        assert trainer.flat_grad.abs().sum() > 0
+        assert all(p.dtype == torch.float32 for p in trainer.params)
+        assert any(not torch.equal(a, b) for a, b in zip(before, trainer.params))  # the SGD step was taken
+        losses[precision], trainers[precision] = record.loss, trainer
+    assert losses["bf16"] != losses["fp32"] and abs(losses["bf16"] - losses["fp32"]) < 0.01 * losses["fp32"], losses
+    cosine = torch.nn.functional.cosine_similarity(trainers["bf16"].flat_grad, trainers["fp32"].flat_grad, dim=0)
+    assert cosine > 0.98, cosine  # the same gradient up to bfloat16's rounding
+
+
 def inject_nan(monkeypatch, at_step, once):
     """Make the loss NaN (so backward gives NaN gradients too) when the optimizer step is `at_step`:
     once, or every time (the step is then never taken)."""

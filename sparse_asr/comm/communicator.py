@@ -129,6 +129,9 @@ class Communicator:
     def _buf(self, t: torch.Tensor):
         """mpi4py buffer spec for a contiguous tensor (CPU: numpy view; CUDA-aware: the tensor)."""
         if t.is_cuda:
+            # MPI reads and writes device memory outside CUDA's stream order: let the kernels that
+            # produce (or last used) this buffer finish first.
+            torch.cuda.current_stream(t.device).synchronize()
             return t
         return t.numpy() if t.dtype != torch.bfloat16 else t.view(torch.int16).numpy()
 

@@ -68,6 +68,9 @@ class TrainConfig:
     checkpoint_every_steps: int = 0  # also write last.pt every N optimizer steps (0 = only at epoch ends)
     resume: str = ""  # checkpoint to continue from ("" = start fresh)
     threads: int = 0  # torch CPU threads per rank; 0 = OMP_NUM_THREADS if set, else cores / ranks on the node
+    # fp32, or bf16: forward and loss under torch.autocast(bfloat16). Master weights, the flat gradient
+    # buffer, communication and evaluation stay float32 (CTC loss takes float32 log-probabilities).
+    precision: str = "fp32"
 
 
 @dataclass
@@ -299,6 +302,7 @@ def _check_values(cfg: Config, where) -> None:
     require(t.checksum_every >= 0, "train.checksum_every", "must be >= 0")
     require(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", "must be >= 0")
     require(t.threads >= 0, "train.threads", "must be >= 0")
+    require(t.precision in ("fp32", "bf16"), "train.precision", "must be fp32 or bf16")
     require(cfg.data.num_workers >= 0, "data.num_workers", "must be >= 0")
     require(cfg.data.max_train_utterances >= 0, "data.max_train_utterances", "must be >= 0 (0 = all)")
     require(cfg.data.max_eval_utterances >= 0, "data.max_eval_utterances", "must be >= 0 (0 = all)")

@@ -59,8 +59,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ the step
     def forward_loss(self, batch) -> torch.Tensor:
-        log_probs, out_lengths = self.model(batch.features, batch.feature_lengths)
-        return self.loss_fn(log_probs, batch.targets, out_lengths, batch.target_lengths) / len(batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.train.precision == "bf16"):
+            log_probs, out_lengths = self.model(batch.features, batch.feature_lengths)
+        # CTC outside autocast, on float32 log-probabilities: its sums over all alignments need float32.
+        return self.loss_fn(log_probs.float(), batch.targets, out_lengths, batch.target_lengths) / len(batch)
 
     def train_step(self, batch) -> StepRecord | None:
         """One optimizer step on this rank's share of a global batch; this rank's record, or None if the

@@ -1,0 +1,224 @@
+"""The environment report and the final summary of bench/gpu_suite.sh.
+
+    python bench/gpu_report.py env DIR [--require-cuda]   # -> DIR/env.json, DIR/nvidia-smi.txt, text on stdout
+    python bench/gpu_report.py summary DIR                # -> markdown on stdout (gpu_suite.sh: DIR/summary.md)
+
+summary reads what the suite left in DIR: steps.tsv (status of every step), env.json, selection.md
+(bench/selection.py's table), step_time_*.json (bench/step_time.py --json) and runs/*/ (config.yaml and
+metrics.jsonl of the trainings). A missing or failed part is reported as such; the rest still is.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+# ---------------------------------------------------------------------------------------- env
+def nvidia_smi(out_dir: Path) -> dict:
+    """GPU name, driver and memory from nvidia-smi, and its full output in nvidia-smi.txt."""
+    if shutil.which("nvidia-smi") is None:
+        return {"nvidia_smi": "not found"}
+    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    try:
+        (out_dir / "nvidia-smi.txt").write_text(subprocess.run(["nvidia-smi"], capture_output=True, text=True,
+                                                               timeout=15).stdout)
+        lines = subprocess.run(query, capture_output=True, text=True, timeout=15).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"nvidia_smi": f"failed: {e}"}
+    return {"nvidia_smi": [dict(zip(["name", "driver", "memory"], (x.strip() for x in line.split(","))))
+                           for line in lines]}
+
+
+def environment(out_dir: Path) -> dict:
+    import torch
+    from mpi4py import MPI
+
+    env = {"host": socket.gethostname(), "cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
+           "python": platform.python_version(), "torch": torch.__version__, "cuda_build": torch.version.cuda,
+           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+           "cuda_available": torch.cuda.is_available(), "gpus": [],
+           "mpi": MPI.Get_library_version().splitlines()[0].strip(), "bundle": bundle_origin()}
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        env["gpus"].append({"name": p.name, "capability": f"{p.major}.{p.minor}",
+                            "memory_gib": round(p.total_memory / 2**30, 1),
+                            "bf16": torch.cuda.is_bf16_supported()})
+    env.update(nvidia_smi(out_dir))
+    return env
+
+
+def bundle_origin() -> str:
+    """Which code this is: the offline bundle's build line, else git describe."""
+    note = Path("BUNDLE.md")
+    if note.is_file():
+        return " ".join(note.read_text().splitlines()[2:4])
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------------------- summary
+def read_steps(out_dir: Path) -> list[dict]:
+    path = out_dir / "steps.tsv"
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def markdown_table(text: str) -> list[dict]:
+    """The first markdown table in `text` as a list of {column: cell}."""
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
+    if len(lines) < 2:
+        return []
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return [dict(zip(cells[0], row)) for row in cells[2:]]
+
+
+def step_time_rows(out_dir: Path) -> list[dict]:
+    rows = []
+    for path in sorted(out_dir.glob("step_time_*.json")):
+        data = json.loads(path.read_text())
+        rows += [{**row, "file": path.name} for row in data["rows"]]
+    return rows
+
+
+def training_runs(out_dir: Path) -> list[dict]:
+    runs = []
+    for run_dir in sorted((out_dir / "runs").glob("*/")):
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
+        metrics = []
+        if (run_dir / "metrics.jsonl").is_file():
+            metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        last = {kind: next((m for m in reversed(metrics) if m["kind"] == kind), {})
+                for kind in ("train", "epoch", "val", "test")}
+        epochs = [m for m in metrics if m["kind"] == "epoch"]
+        throughput = [m["train/samples_per_sec"] for m in metrics if "train/samples_per_sec" in m]
+        runs.append({
+            "name": run_dir.name, "algorithm": config.get("compression", {}).get("algorithm", "?"),
+            "P": config.get("distributed", {}).get("world_size", "?"),
+            "precision": config.get("train", {}).get("precision", "fp32"),
+            "epochs": last["epoch"].get("epoch", 0), "steps": last["epoch"].get("step", 0),
+            "train_seconds": sum(m["epoch/seconds"] for m in epochs),
+            "wall_seconds": metrics[-1]["time"] - metrics[0]["time"] if len(metrics) > 1 else None,
+            "samples_per_sec": sum(throughput) / len(throughput) if throughput else None,
+            "loss": last["epoch"].get("epoch/loss"), "dev_wer": last["val"].get("val/wer"),
+            "test_wer": last["test"].get("test/wer"), "test_cer": last["test"].get("test/cer")})
+    return runs
+
+
+def fmt(value, spec: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def targets(selection: list[dict], step_rows: list[dict]) -> list[str]:
+    """Issue 12's targets that this suite measures, against the measured figures (n/a if missing)."""
+    def select_ms(name_part):
+        found = [float(r["median ms"]) for r in selection if name_part in r.get("method", "")
+                 and r.get("density") == "0.02"]
+        return found[0] if found else None
+
+    def step(P, precision, algorithm):
+        return next((r for r in step_rows if r["P"] == P and r.get("precision", "fp32") == precision
+                     and r["algorithm"] == algorithm), None)
+
+    ours, topk, reuse = select_ms("(ours)"), select_ms("torch.topk"), select_ms("threshold reuse")
+    oktopk2, bf16 = step(2, "fp32", "oktopk"), step(1, "bf16", "dense")
+    share = oktopk2["comm_select_pct_of_compute"] if oktopk2 else None
+    bf16_ms = bf16["t_step_mean"] * 1e3 if bf16 else None
+
+    def verdict(ok):
+        return "n/a" if ok is None else ("met" if ok else "NOT met")
+
+    def shown(value, unit, spec=".2f"):
+        return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+    return [
+        "| target (issue 12) | measured | |", "|---|---|---|",
+        f"| Ok-Topk's exact selection <= torch.topk's time (density 0.02) | {shown(ours, ' ms')} vs "
+        f"{shown(topk, ' ms')} | {verdict(None if None in (ours, topk) else ours <= topk)} |",
+        f"| threshold reuse <= 0.1 ms | {shown(reuse, ' ms')} | {verdict(None if reuse is None else reuse <= 0.1)} |",
+        f"| Ok-Topk (selection + communication) <= 5% of compute, P = 2 | {shown(share, '%', '.1f')} "
+        f"| {verdict(None if share is None else share <= 5)} |",
+        f"| step <= 30 ms with bf16 (dense, P = 1) | {shown(bf16_ms, ' ms', '.1f')} "
+        f"| {verdict(None if bf16_ms is None else bf16_ms <= 30)} |",
+        "| test WER with bf16 within 2% relative of fp32 | not measured by the suite (needs two full trainings) | |",
+    ]
+
+
+def summary(out_dir: Path) -> str:
+    steps = read_steps(out_dir)
+    env = json.loads((out_dir / "env.json").read_text()) if (out_dir / "env.json").is_file() else {}
+    gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "no GPU"
+    lines = [f"# GPU suite: {gpus}", "",
+             f"{env.get('host', '?')}, {env.get('cpus', '?')} CPUs; torch {env.get('torch', '?')}, CUDA "
+             f"{env.get('cuda_build', '?')}, cuDNN {env.get('cudnn', '?')}, {env.get('mpi', '?')}; code: "
+             f"{env.get('bundle', '?')}", "",
+             "| step | status | seconds | limit s |", "|---|---|---|---|"]
+    lines += [f"| {s['step']} | {s['status']} | {s['seconds']} | {s['limit_s']} |" for s in steps]
+
+    selection_text = (out_dir / "selection.md").read_text() if (out_dir / "selection.md").is_file() else ""
+    selection = markdown_table(selection_text)
+    lines += ["", "## Selection (bench/selection.py)", ""]
+    lines += [line for line in selection_text.splitlines() if line.startswith("|")] or ["no result"]
+
+    rows = step_time_rows(out_dir)
+    lines += ["", "## Step time (bench/step_time.py), ms per step, mean over ranks", "",
+              "| P | precision | algorithm | model | global batch | compute | selection | communication | other "
+              "| total | (sel + comm) / compute |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    batch = {path.name: json.loads(path.read_text())["batch"]["global_batch"] for path in out_dir.glob("step_time_*.json")}
+    for r in rows:
+        lines.append(f"| {r['P']} | {r.get('precision', 'fp32')} | {r['algorithm']} | {r['model']} | {batch[r['file']]} "
+                     f"| {r['t_compute_mean'] * 1e3:.1f} | {r['t_select_mean'] * 1e3:.1f} | {r['t_comm_mean'] * 1e3:.1f} "
+                     f"| {r['t_other_mean'] * 1e3:.1f} | {r['t_step_mean'] * 1e3:.1f} "
+                     f"| {r['comm_select_pct_of_compute']:.1f}% |")
+    if not rows:
+        lines.append("| no result | | | | | | | | | | |")
+
+    runs = training_runs(out_dir)
+    lines += ["", "## Concurrent trainings on AN4 (train.py; both on the same GPU)", "",
+              "| run | algorithm | P | precision | epochs | steps | training s | wall s | samples/s | last epoch loss "
+              "| dev WER | test WER | test CER |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {r['name']} | {r['algorithm']} | {r['P']} | {r['precision']} | {r['epochs']} | {r['steps']} "
+                     f"| {r['train_seconds']:.1f} | {fmt(r['wall_seconds'], '.1f')} | {fmt(r['samples_per_sec'], '.1f')} "
+                     f"| {fmt(r['loss'])} | {fmt(r['dev_wer'])} | {fmt(r['test_wer'])} | {fmt(r['test_cer'])} |")
+    if not runs:
+        lines.append("| no result | | | | | | | | | | | | |")
+
+    lines += ["", "## Targets", ""] + targets(selection, rows)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["env", "summary"])
+    parser.add_argument("dir", type=Path, help="the suite's results folder")
+    parser.add_argument("--require-cuda", action="store_true", help="env: fail (exit 1) if CUDA is not available")
+    args = parser.parse_args(argv)
+    if args.what == "summary":
+        print(summary(args.dir), end="")
+        return 0
+    env = environment(args.dir)
+    (args.dir / "env.json").write_text(json.dumps(env, indent=1) + "\n")
+    print("\n".join(f"{k}: {v}" for k, v in env.items()))
+    if args.require_cuda and not env["cuda_available"]:
+        print("error: CUDA is not available (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

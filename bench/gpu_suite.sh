@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Everything issue 12 measures on a GPU node, in one command: one GPU, no network, at most 8 minutes.
+#
+#   bash bench/gpu_suite.sh [--out DIR] [--dry-run]
+#
+#   env            nvidia-smi, torch / CUDA / cuDNN versions, GPU name, MPI library    -> env.json, nvidia-smi.txt
+#   selection      bench/selection.py on CUDA: exact top-k methods vs threshold reuse  -> selection.md
+#   step_P1        bench/step_time.py, lstman4, global batch 64, dense topka oktopk    -> step_time_P1.{md,json}
+#   step_P1_bf16   the same with train.precision=bf16 (dense, oktopk)                  -> step_time_P1_bf16.{md,json}
+#   step_P2        the same on 2 ranks sharing the GPU                                 -> step_time_P2.{md,json}
+#   train          two concurrent lstman4 trainings on AN4, dev + test scored: dense on
+#                  1 rank and Ok-Topk on 2 ranks, $EPOCHS epochs each                  -> runs/, train_*.log
+#   summary        bench/gpu_report.py: one markdown report from the raw outputs       -> summary.md
+#
+# Everything lands in DIR (default bench/results/gpu_suite-<time>/), each step's output in its own
+# files and its status in steps.tsv. Each step has its own time limit (they add up to under 8 minutes);
+# a failed step is reported and the suite goes on; the exit status is 1 if any step failed.
+# STEPS (measured steps per algorithm, default 64) and EPOCHS (default 15) may be set in the environment;
+# the trainings' checkpoints are deleted at the end unless KEEP_CHECKPOINTS=1.
+# --dry-run: every step with tiny sizes on the CPU (lstman4_tiny, 2 steps, 16 utterances, 1 epoch) to
+# check the commands here rather than on the GPU.
+# Runs in a checkout (its .venv) or in an offline bundle after `source bootstrap.sh` (python3 and
+# mpiexec from PATH); PYTHON and MPIEXEC override. Reads manifests/an4_{train,dev,test}.csv.
+set -uo pipefail  # no -e: a failing step must not end the suite
+cd "$(dirname "$0")/.."
+
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+DRY_RUN=0
+OUT=""
+while (($#)); do
+    case "$1" in
+        --dry-run) DRY_RUN=1; shift ;;
+        --out) [[ $# -ge 2 && -n "$2" ]] || { echo "gpu_suite.sh: error: --out needs a directory" >&2; exit 2; }
+               OUT=$2; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "gpu_suite.sh: error: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+    esac
+done
+if [[ -x .venv/bin/python ]]; then
+    PYTHON=${PYTHON:-.venv/bin/python} MPIEXEC=${MPIEXEC:-.venv/bin/mpiexec}
+else
+    PYTHON=${PYTHON:-python3} MPIEXEC=${MPIEXEC:-mpiexec}
+fi
+for manifest in manifests/an4_train.csv manifests/an4_dev.csv manifests/an4_test.csv; do
+    [[ -f "$manifest" ]] || { echo "gpu_suite.sh: error: $manifest is missing (prepare AN4, see README.md)" >&2; exit 2; }
+done
+STEPS=${STEPS:-64}
+EPOCHS=${EPOCHS:-15}
+[[ "$STEPS" =~ ^[1-9][0-9]*$ && "$EPOCHS" =~ ^[1-9][0-9]*$ ]] || {
+    echo "gpu_suite.sh: error: STEPS and EPOCHS must be positive integers, got '$STEPS', '$EPOCHS'" >&2; exit 2; }
+OUT=${OUT:-bench/results/gpu_suite-$( ((DRY_RUN)) && echo "dry-" )$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT" || exit 2
+
+if ((DRY_RUN)); then  # the same commands, sized for seconds on a CPU
+    SELECTION=(--devices cpu --numel 100000 --densities 0.02 --repeats 1)
+    STEP_TIME=(--model lstman4_tiny --global-batch 4 --steps 2 --warmup 1
+               --set distributed.device=cpu train.threads=1)
+    TRAIN=(model.name=lstman4_tiny data.max_train_utterances=16 data.max_eval_utterances=8 train.epochs=1
+           train.global_batch_size=4 train.eval_batch_size=8 train.log_every_steps=1 data.num_workers=0
+           optim.lr_warmup_steps=0 distributed.device=cpu train.threads=1)
+    LIMITS=(env=60 selection=60 step_P1=90 step_P1_bf16=90 step_P2=120 train=180 summary=30)
+else
+    SELECTION=(--devices cuda --densities 0.02 0.01 --repeats 10)
+    STEP_TIME=(--model lstman4 --global-batch 64 --steps "$STEPS" --warmup 3
+               --set distributed.device=cuda train.threads=4)
+    TRAIN=(train.epochs="$EPOCHS" train.eval_every_epochs=5 distributed.device=cuda train.threads=4)
+    # 440 s, plus 5 s each to kill a step that ignores SIGTERM: under 8 minutes in the worst case
+    LIMITS=(env=25 selection=40 step_P1=70 step_P1_bf16=40 step_P2=95 train=160 summary=10)
+fi
+limit() {  # limit STEP -> its time limit in seconds
+    local entry
+    for entry in "${LIMITS[@]}"; do [[ "${entry%%=*}" == "$1" ]] && echo "${entry#*=}"; done
+}
+
+printf 'step\tstatus\tseconds\tlimit_s\n' > "$OUT/steps.tsv"
+FAILED=0
+record() {  # record STEP RC SECONDS
+    local status=ok
+    if (($2 == 124 || $2 == 137)); then
+        status="timed out"
+    elif (($2 != 0)); then
+        status="failed (exit $2)"
+    fi
+    [[ "$status" == ok ]] || FAILED=1
+    printf '%s\t%s\t%s\t%s\n' "$1" "$status" "$3" "$(limit "$1")" >> "$OUT/steps.tsv"
+    echo "[gpu_suite] $1: $status after $3 s (limit $(limit "$1") s)"
+}
+run_step() {  # run_step STEP STDOUT_FILE COMMAND...: stderr goes to $OUT/STEP.log
+    local step=$1 stdout=$2 t0 rc
+    shift 2
+    echo "[gpu_suite] $step: $*"
+    t0=$SECONDS
+    timeout --kill-after=5 "$(limit "$step")" "$@" > "$stdout" 2> "$OUT/$step.log"
+    rc=$?
+    record "$step" "$rc" $((SECONDS - t0))
+}
+step_time() {  # step_time STEP P ALGORITHMS... [-- MORE step_time.py ARGUMENTS]
+    local step=$1 ranks=$2
+    shift 2
+    run_step "$step" "$OUT/step_time_${step#step_}.md" "$MPIEXEC" -n "$ranks" "$PYTHON" bench/step_time.py \
+        --density 0.02 --json "$OUT/step_time_${step#step_}.json" --algorithms "$@"
+}
+
+echo "[gpu_suite] results in $OUT ($( ((DRY_RUN)) && echo "dry run on the CPU" || echo "GPU run" ))"
+run_step env "$OUT/env.txt" "$PYTHON" bench/gpu_report.py env "$OUT" $( ((DRY_RUN)) || echo --require-cuda)
+run_step selection "$OUT/selection.md" "$PYTHON" bench/selection.py "${SELECTION[@]}"
+step_time step_P1 1 dense topka oktopk "${STEP_TIME[@]}"
+step_time step_P1_bf16 1 dense oktopk "${STEP_TIME[@]}" train.precision=bf16
+step_time step_P2 2 dense topka oktopk "${STEP_TIME[@]}"
+
+# The two trainings share the GPU (and the time limit); each has its own log.
+echo "[gpu_suite] train: dense on 1 rank and oktopk on 2 ranks, concurrently"
+t0=$SECONDS
+common=(distributed.world_size=null out_dir="$OUT/runs" "${TRAIN[@]}")
+timeout --kill-after=5 "$(limit train)" "$MPIEXEC" -n 1 "$PYTHON" train.py --config configs/lstman4_dense.yaml \
+    name=dense-p1 "${common[@]}" > "$OUT/train_dense_p1.log" 2>&1 &
+dense_pid=$!
+timeout --kill-after=5 "$(limit train)" "$MPIEXEC" -n 2 "$PYTHON" train.py --config configs/lstman4_oktopk.yaml \
+    name=oktopk-p2 "${common[@]}" > "$OUT/train_oktopk_p2.log" 2>&1 &
+oktopk_pid=$!
+wait "$dense_pid"; dense_rc=$?
+wait "$oktopk_pid"; oktopk_rc=$?
+record train $((dense_rc ? dense_rc : oktopk_rc)) $((SECONDS - t0))
+((dense_rc == 0)) || echo "[gpu_suite] train: the dense run failed (exit $dense_rc), see $OUT/train_dense_p1.log"
+((oktopk_rc == 0)) || echo "[gpu_suite] train: the oktopk run failed (exit $oktopk_rc), see $OUT/train_oktopk_p2.log"
+
+if [[ -z "${KEEP_CHECKPOINTS:-}" ]]; then  # hundreds of MB per lstman4 run, of no use after the scoring
+    rm -rf "$OUT"/runs/*/checkpoints
+fi
+run_step summary "$OUT/summary.md" "$PYTHON" bench/gpu_report.py summary "$OUT"
+cat "$OUT/summary.md"
+echo "[gpu_suite] done in $SECONDS s: $OUT/summary.md$( ((FAILED)) && echo " (some steps FAILED, see steps.tsv)")"
+exit "$FAILED"
