@@ -46,7 +46,7 @@ def test_a_zero_column_stays_zero_where_pytorch_makes_nan():
 def test_plan_and_closed_form_at_lstman4_size():
     # lstman4 viewed as the hook views it, rank 1: conv (32, 451) + (32, 7392), LSTM (3200, 1312) + nine
     # (3200, 800), lookahead (800, 21), classifier (29, 800) are compressed, r (rows + cols) entries each:
-    # 483 + 7424 + 4512 + 9 * 4000 + 821 + 829 = 50,069; the 30 vectors (conv biases and BatchNorms 6 x 32,
+    # 483 + 7424 + 4512 + 9 * 4000 + 821 + 829 = 50,069; the 26 vectors (conv biases and BatchNorms 6 x 32,
     # 8 x 800 sequence norms, 10 x 3200 LSTM biases, 2 x 800 output norm) = 40,192 entries, uncompressed.
     assert sum(s.numel() for s in LSTMAN4_SHAPES) == 27_569_568
     for rank in (1, 2, 4):
