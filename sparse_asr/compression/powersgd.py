@@ -3,8 +3,8 @@
 
 Every parameter tensor of shape (d0, d1, ...) is viewed as a matrix M of d0 rows and d1*... columns, as the
 hook does. A matrix is approximated with rank r = min(rows, cols, matrix_approximation_rank) when that
-saves at least `min_compression_rate` (r (rows + cols) * min_compression_rate < rows * cols); the others,
-all 1-D tensors (biases, norms) among them, are averaged uncompressed. One step on every rank:
+saves at least `min_compression_rate` (r (rows + cols) * min_compression_rate < rows * cols); the others
+(at a rate >= 1, every 1-D tensor: biases, norms) are averaged uncompressed. One step on every rank:
   1. acc = gradient + error (error feedback: the part of earlier inputs the approximation left out);
   2. one allreduce of the uncompressed tensors, concatenated, / P;
   3. Q: drawn from N(0, 1) on the first step (every step without `warm_start`), else last step's Q;
@@ -55,7 +55,7 @@ class PowerSGDOptions:
     warm_start: bool = True  # reuse last step's Q instead of a fresh random one
     orthogonalization_epsilon: float = 0.0  # added to column norms in Gram-Schmidt
     random_seed: int = 0
-    torch_compatible: bool = False  # draw Q exactly as PyTorch's hook does (see the module docstring)
+    torch_compatible: bool = False  # the hook's draws of Q and its error on uncompressed tensors (module docstring)
 
     def check(self, name: str) -> None:
         if self.matrix_approximation_rank < 1:
