@@ -1,7 +1,10 @@
 """Communication volume of every registered compressor on realistic gradients, next to the paper's cost model.
 
     mpiexec -n P .venv/bin/python bench/comm_volume.py --numel 27569568 --density 0.02 --steps 64 \
-        [--json out.json] [--algorithms dense topka ...]
+        [--json out.json] [--algorithms dense topka ...] [--options KEY=VALUE ...]
+
+--options are compression.options.* for every listed algorithm (e.g. `--algorithms powersgd --options
+matrix_approximation_rank=4`); an algorithm that does not have one refuses it.
 
 Every algorithm in compression.COMPRESSORS (Ok-Topk too once registered) runs `--steps` steps of
 its real `step()` with error feedback, one algorithm after the other, on the same gradient
@@ -20,10 +23,16 @@ select overlapping indices, as in training) and e is Student-t (3 degrees of fre
 noise, a fixed per-rank draw (seeded by rank) rolled by a random offset every step (fresh noise
 without redrawing 27M numbers per step).
 
+Parameter shapes: when --numel is the parameter count of a model of sparse_asr.models (lstman4:
+27,569,568) the compressors get that model's real shapes, else the synthetic layers as vectors. Only
+per-tensor algorithms look at them: PowerSGD's volume follows from the shapes alone (a low-rank P and Q
+per matrix, vectors sent whole), so its row means something only with a real model's shapes; on
+synthetic vectors it sends everything uncompressed, like dense.
+
 Closed forms: each algorithm's own `cost(n, k, P)` (4-byte words received per rank per step, k =
-round(density * n), a pair = 2 words; see its file). The measured column is words received per rank
-(mean over ranks; max over ranks in brackets); for gTopk the model counts the root's receives and sends
-together.
+round(density * n), a pair = 2 words; see its file; PowerSGD's from the shapes, not k). The measured
+column is words received per rank (mean over ranks; max over ranks in brackets); for gTopk the model
+counts the root's receives and sends together.
 """
 import argparse
 import json
@@ -34,9 +43,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from sparse_asr.comm import Communicator
-from sparse_asr.compression import COMPRESSORS, build_compressor
+from sparse_asr.compression import COMPRESSORS, build_compressor, parse_options
+from sparse_asr.compression.powersgd import PowerSGD
+from sparse_asr.models import MODELS, build_model
 from sparse_asr.training.logging import reduce_over_ranks
 
 LAYERS = 40
@@ -50,6 +62,7 @@ class GradientSource:
         shared = np.random.default_rng(seed)
         weights = shared.lognormal(0.0, 1.0, LAYERS)
         bounds = np.concatenate([[0], np.round(np.cumsum(weights) / weights.sum() * numel)]).astype(np.int64)
+        self.layer_sizes = np.diff(bounds).tolist()
         layer_scales = 10.0 ** shared.uniform(-3.0, 0.0, LAYERS)
         self.scale = torch.from_numpy(np.repeat(layer_scales, np.diff(bounds)).astype(np.float32))
         self.shared = torch.from_numpy((0.5 * shared.laplace(0.0, 1.0, numel)).astype(np.float32))
@@ -64,9 +77,28 @@ class GradientSource:
         return g
 
 
-def measure(comm, name, numel, density, steps, source) -> dict:
+def parameter_shapes(numel: int, source: GradientSource) -> tuple[list[torch.Size], str]:
+    """(shapes, where they come from): a model's real parameter shapes when `numel` is its parameter count,
+    else the synthetic layers as vectors (see the module docstring)."""
+    for name in MODELS:
+        shapes = [p.shape for p in build_model(name).parameters()]
+        if sum(s.numel() for s in shapes) == numel:
+            return shapes, f"{name}'s {len(shapes)} parameter tensors"
+    return [torch.Size([n]) for n in source.layer_sizes], f"{LAYERS} synthetic layers as vectors"
+
+
+def closed_form(name: str, numel: int, k: int, P: int, shapes, options: dict):
+    """The algorithm's cost(n, k, P); PowerSGD's volume follows from the parameter shapes and its rank instead of k."""
+    if name == PowerSGD.name:
+        o = parse_options(name, PowerSGD.Options, options)
+        return PowerSGD.cost(numel, k, P, shapes=shapes, matrix_approximation_rank=o.matrix_approximation_rank,
+                             min_compression_rate=o.min_compression_rate)
+    return COMPRESSORS[name].cost(numel, k, P)
+
+
+def measure(comm, name, numel, density, steps, source, shapes, options) -> dict:
     """Run `steps` steps of one algorithm; return this rank's per-step means."""
-    compressor = build_compressor(name, comm, numel, density)
+    compressor = build_compressor(name, comm, numel, density, shapes=shapes, **options)
     from_stats = ("bytes_sent", "bytes_recv", "messages", "seconds_select", "seconds_comm", "selected_global", "selected_local")
     sums = dict.fromkeys(from_stats + ("seconds_step", "meta_bytes_recv"), 0.0)
     peak_recv = 0
@@ -88,11 +120,12 @@ def measure(comm, name, numel, density, steps, source) -> dict:
 
 
 
-def table(records: list[dict], P: int, numel: int, density: float, steps: int) -> str:
+def table(records: list[dict], P: int, numel: int, density: float, steps: int, shapes_from: str) -> str:
     k = max(1, int(round(density * numel)))
     lines = [
-        f"Communication per rank per step: n = {numel:,}, density = {density}, k = {k:,}, P = {P}, {steps} steps "
-        f"(words = 4 bytes; recv = mean over ranks [max over ranks]; model from Li & Hoefler PPoPP'22 Table 1)",
+        f"Communication per rank per step: n = {numel:,} ({shapes_from}), density = {density}, k = {k:,}, P = {P}, "
+        f"{steps} steps (words = 4 bytes; recv = mean over ranks [max over ranks]; model from Li & Hoefler "
+        f"PPoPP'22 Table 1, PowerSGD's from the shapes)",
         "",
         "| algorithm | recv words [max] | sent words | model words | formula | recv/model | messages | density | select s | comm s | step s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -109,6 +142,11 @@ def table(records: list[dict], P: int, numel: int, density: float, steps: int) -
         )
     lines += ["", "recv/model: the busiest rank's received words over the model's (upper) value. gtopk's model "
               "counts the root's receives and sends along the critical path, so its root receives exactly half."]
+    if any(r["algorithm"] == PowerSGD.name for r in records):
+        lines += ["powersgd: density = entries sent per rank (P and Q of every compressed matrix, vectors whole) / n, "
+                  "i.e. 1 / its compression rate; its update itself is dense."]
+    if records and records[0]["options"]:
+        lines += [f"compression.options: {records[0]['options']}"]
     return "\n".join(lines)
 
 
@@ -120,11 +158,21 @@ def main():
     parser.add_argument("--algorithms", nargs="+", default=None, help=f"default: all of {sorted(COMPRESSORS)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write the records here (rank 0)")
+    parser.add_argument("--options", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="compression.options.* for every listed algorithm")
     args = parser.parse_args()
     algorithms = args.algorithms or list(COMPRESSORS)
     unknown = [a for a in algorithms if a not in COMPRESSORS]
     if unknown:
         parser.error(f"unknown algorithms {unknown}; known: {sorted(COMPRESSORS)}")
+    if any("=" not in item for item in args.options):
+        parser.error(f"--options takes KEY=VALUE items, got {args.options}")
+    options = {key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in args.options)}
+    for name in algorithms:
+        try:
+            parse_options(name, COMPRESSORS[name].Options, options)
+        except ValueError as e:
+            parser.error(str(e))
     if args.steps < 1 or args.numel < 1:
         parser.error("--steps and --numel must be positive")
 
@@ -132,14 +180,16 @@ def main():
     comm = Communicator()
     P = comm.size
     source = GradientSource(args.numel, comm.rank, args.seed)
+    shapes, shapes_from = parameter_shapes(args.numel, source)
     k = max(1, int(round(args.density * args.numel)))
     records = []
     for name in algorithms:
-        mine = measure(comm, name, args.numel, args.density, args.steps, source)
+        mine = measure(comm, name, args.numel, args.density, args.steps, source, shapes, options)
         figures = reduce_over_ranks(comm, mine)
-        cost = COMPRESSORS[name].cost(args.numel, k, P)
+        cost = closed_form(name, args.numel, k, P, shapes, options)
         records.append({
             "algorithm": name, "P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps,
+            "options": options,
             **figures,
             "messages": figures["messages_mean"],
             "selected_density": figures["selected_global_mean"] / args.numel,
@@ -148,10 +198,11 @@ def main():
         if comm.rank == 0:
             print(f"# {name}: done ({figures['seconds_step_mean']:.2f} s/step)", file=sys.stderr, flush=True)
     if comm.rank == 0:
-        print(table(records, P, args.numel, args.density, args.steps), flush=True)
+        print(table(records, P, args.numel, args.density, args.steps, shapes_from), flush=True)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            config = {"P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps, "seed": args.seed}
+            config = {"P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps, "seed": args.seed,
+                      "shapes": shapes_from}
             args.json.write_text(json.dumps({"config": config, "records": records}, indent=1))
 
 

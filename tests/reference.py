@@ -228,6 +228,13 @@ def oktopk_expected(accs, k, density, options):
     return Expected(total, indices, applied, None)  # data-dependent volume: tests/mpi/oktopk_check.py bounds it
 
 
+def powersgd_expected(accs, k, density, options):
+    """This harness hands over one vector, which PowerSGD (as PyTorch's hook) sends uncompressed: the ranks'
+    mean by one ring allreduce, leaving no error (by default; torch_compatible keeps acc - mean as the hook
+    does). Matrices, and torch_compatible: tests/mpi/powersgd_check.py, against PyTorch's hook."""
+    return dense_expected(accs, k, density, options)
+
+
 @dataclass(frozen=True)
 class Reference:
     expected: Callable  # (accs, k, density, options) -> Expected
@@ -251,4 +258,5 @@ REFERENCES = {
     "gtopk": Reference(gtopk_expected, [(0.02, {}), (0.3, {}), (1.0, {})]),  # 0.3: many drops at merges; 1.0: k = n
     "gaussiank": Reference(gaussiank_expected, [(0.02, {})], _gaussiank_adjusted),
     "oktopk": Reference(oktopk_expected, [(0.02, EXACT_OKTOPK)]),
+    "powersgd": Reference(powersgd_expected, [(0.02, {})]),
 }

@@ -195,7 +195,7 @@ def test_real_comm_volume_run_is_reproduced(tmp_path):
     numel, density = 100_000, 0.02
     measured_json = tmp_path / "comm_volume_P2.json"
     check_mpi(2, ["bench/comm_volume.py", "--numel", str(numel), "--density", str(density), "--steps", "3",
-                  "--json", str(measured_json)], timeout=300)
+                  "--json", str(measured_json), "--algorithms", *ps.ALGORITHMS], timeout=300)
     code, _ = main("--measured", measured_json, "--numel", numel, "--density", density, "--ranks", "2", "16",
                    "--out", tmp_path / "out")
     assert code == 0

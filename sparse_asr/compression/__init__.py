@@ -5,11 +5,12 @@ from sparse_asr.compression.dense import DenseAllreduce, DenseWarmup
 from sparse_asr.compression.gaussiank import Gaussiank
 from sparse_asr.compression.gtopk import GTopk
 from sparse_asr.compression.oktopk import OkTopk
+from sparse_asr.compression.powersgd import PowerSGD
 from sparse_asr.compression.topk_allgather import TopkAllgather
 from sparse_asr.compression.topk_dsa import TopkDSA
 
 COMPRESSORS: dict[str, type[Compressor]] = {
-    cls.name: cls for cls in (DenseAllreduce, OkTopk, TopkAllgather, TopkDSA, GTopk, Gaussiank)
+    cls.name: cls for cls in (DenseAllreduce, OkTopk, TopkAllgather, TopkDSA, GTopk, Gaussiank, PowerSGD)
 }
 
 
