@@ -1,7 +1,7 @@
 """Score a checkpoint on a manifest, or transcribe audio files (greedy CTC decoding).
 
-    python evaluate.py runs/NAME/checkpoints/best.pt --manifest manifests/an4_test.csv [--worst 10]
-    python evaluate.py runs/NAME/checkpoints/best.pt --audio a.wav b.sph
+    python evaluate.py runs/NAME/checkpoints/best --manifest manifests/an4_test.csv [--worst 10]
+    python evaluate.py runs/NAME/checkpoints/best --audio a.wav b.sph
     mpiexec -n 4 python evaluate.py CHECKPOINT --manifest M.csv      (the set is sharded over ranks)
 
 Prints WER, CER and the mean per-utterance WER, then the N worst utterances (reference vs hypothesis).
@@ -16,7 +16,8 @@ from sparse_asr.comm import Communicator
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a checkpoint written by train.py (last.pt or best.pt)")
+    parser.add_argument("checkpoint", help="a checkpoint directory written by train.py (RUN/checkpoints/best, last "
+                        "or step-N), or a run directory (its last checkpoint)")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--manifest", help="score every utterance of this manifest")
     what.add_argument("--audio", nargs="+", help="transcribe these audio files (16 kHz mono WAV or SPHERE)")
@@ -27,13 +28,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load_model(path, device):
+    """The model of a checkpoint (its shared file only, verified against the manifest) and that file's content."""
     from sparse_asr.models import build_model
-    from sparse_asr.training.checkpoint import load_checkpoint
+    from sparse_asr.training.checkpoint import load_shared
 
-    ckpt = load_checkpoint(path)
-    model = build_model(ckpt["config"]["model"]["name"])
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), ckpt
+    _, shared = load_shared(path)
+    model = build_model(shared["config"]["model"]["name"])
+    model.load_state_dict(shared["model"])
+    return model.to(device).eval(), shared
 
 
 def score_manifest(args, comm, model, device) -> dict:

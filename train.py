@@ -2,7 +2,8 @@
 
     python train.py --config configs/an4_cpu.yaml [key.sub=value ...]
     mpiexec -n 4 python train.py --config configs/an4_cpu.yaml compression.algorithm=oktopk compression.density=0.02
-    python train.py --config configs/an4_cpu.yaml --resume runs/NAME/checkpoints/last.pt
+    python train.py --resume runs/NAME [train.epochs=40 ...]         (its own config; safe keys may change)
+    python train.py --config configs/an4_cpu.yaml name=NAME --resume auto     (chained batch jobs)
 
 config -> build_trainer (data, model, compressor, restored state) -> Trainer.fit(). Any exception on any rank ends the whole job.
 Everything that can refuse a run (config, run directory, manifests, every audio file's header) is checked
@@ -11,21 +12,23 @@ before anything is written into the run directory, so a refused start leaves not
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 
 from sparse_asr.comm import Communicator
-from sparse_asr.training.config import ConfigError, flatten, load_config, resolve_for_run, to_dict, to_yaml
+from sparse_asr.training.config import ConfigError, flatten, resolve_for_run, to_dict, to_yaml
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="YAML experiment config (see configs/)")
-    parser.add_argument("--resume", default="", help="checkpoint to continue from (same as train.resume=PATH)")
+    parser.add_argument("--config", help="YAML experiment config (see configs/); optional with --resume RUN_DIR")
+    parser.add_argument("--resume", default="", help="run directory or checkpoint directory to continue (its own "
+                        "config; same as train.resume=PATH); 'auto': continue the named run if it has a "
+                        "checkpoint, else start it")
     parser.add_argument("--overwrite", action="store_true",
                         help="start afresh in a run directory that holds a previous run: its config.yaml, "
-                             "metrics.jsonl, TensorBoard events and checkpoints/ are deleted first")
+                             "metrics.jsonl, TensorBoard events and checkpoints/ are deleted first (with "
+                             "--resume auto: only when there is no checkpoint to continue)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     return parser.parse_args(argv)
 
@@ -50,8 +53,9 @@ def build_trainer(cfg, comm, resume: str = "", overwrite: bool = False):
     from sparse_asr.data.dataset import SpeechDataset
     from sparse_asr.fileio import atomic_write_text
     from sparse_asr.models import build_model
-    from sparse_asr.training.checkpoint import load_training_state
+    from sparse_asr.training.checkpoint import CheckpointError, load_training_state, on_every_rank
     from sparse_asr.training.logging import RunLogger
+    from sparse_asr.training.resume import LOCATION_KEYS, drop_metrics_after
     from sparse_asr.training.rundir import clear_previous_run
     from sparse_asr.training.runtime import (check_manifest_audio, local_rank_and_size, pick_device, seed_everything,
                                              set_threads)
@@ -62,7 +66,7 @@ def build_trainer(cfg, comm, resume: str = "", overwrite: bool = False):
     device = pick_device(cfg.distributed.device, local_rank)
     threads = set_threads(cfg.train.threads, local_size)
     seed_everything(cfg.seed)
-    state = load_training_state(comm, resume) if resume else None
+    state = load_training_state(comm, resume) if resume else None  # every file verified, on every rank
     if state is not None and state.config["model"]["name"] != cfg.model.name:
         raise ValueError(f"checkpoint {resume} holds model {state.config['model']['name']!r}, "
                          f"the config asks for {cfg.model.name!r}")
@@ -84,10 +88,20 @@ def build_trainer(cfg, comm, resume: str = "", overwrite: bool = False):
     checked = check_manifest_audio(comm, list(frames.values()))
     seconds_checked = time.perf_counter() - t0
     model = build_model(cfg.model.name, sync_bn=comm if cfg.model.sync_batchnorm else None)
+    trainer = Trainer(cfg, comm, model, train_set, dev_set, test_set, device, RunLogger(cfg.run_dir, enabled=False))
+    if state is not None:  # refused on every rank if the checkpoint does not fit this run (shapes, compressor)
+        try:
+            on_every_rank(comm, lambda: trainer.load_training_state(state))
+        except (ValueError, RuntimeError, KeyError) as e:
+            raise CheckpointError(f"cannot resume from {resume}: {e}") from e
 
     # Nothing was written before this line.
     removed = clear_previous_run(cfg.run_dir) if overwrite and comm.rank == 0 else []
-    log = RunLogger(cfg.run_dir, enabled=comm.rank == 0, purge_step=state.progress.step if state else None)
+    if state is not None and comm.rank == 0:
+        drop_metrics_after(cfg.run_dir, state.extra["metrics_rows"])  # rows a crashed run wrote after the checkpoint
+    # TensorBoard readers drop the crashed run's events from step + 1 on; the checkpoint step's own points stay.
+    log = trainer.log = RunLogger(cfg.run_dir, enabled=comm.rank == 0,
+                                  purge_step=state.progress.step + 1 if state else None)
     if comm.rank == 0:
         atomic_write_text(cfg.run_dir / "config.yaml", to_yaml(cfg))
     log.info(f"run {cfg.run_dir} on {comm.size} rank(s), device {device}, {threads} CPU thread(s) per rank\n"
@@ -96,11 +110,9 @@ def build_trainer(cfg, comm, resume: str = "", overwrite: bool = False):
         log.info(f"--overwrite: deleted the previous run's {', '.join(p.name for p in removed)} in {cfg.run_dir}")
     log.info(f"data: {len(train_set)} train, {len(dev_set)} dev, {len(test_set) if test_set else 0} test utterances; "
              f"audio of {checked} manifest rows checked in {seconds_checked:.2f} s on {comm.size} rank(s)")
-    trainer = Trainer(cfg, comm, model, train_set, dev_set, test_set, device, log)
     if state is not None:
-        trainer.load_training_state(state)
         old, new = flatten(state.config), flatten(to_dict(cfg))
-        changed = [k for k, v in new.items() if old.get(k) != v]
+        changed = [k for k, v in new.items() if old.get(k) != v and k not in LOCATION_KEYS]
         p = trainer.progress
         log.info(f"resumed from {resume}: optimizer step {p.step}, epoch {p.epoch}, batch {p.batch_in_epoch}"
                  + (f"; config keys changed since: {', '.join(changed)}" if changed else ""))
@@ -108,22 +120,21 @@ def build_trainer(cfg, comm, resume: str = "", overwrite: bool = False):
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> dict:
-    from sparse_asr.training.checkpoint import load_checkpoint
+    from sparse_asr.training.resume import config_for_run
     from sparse_asr.training.rundir import previous_run_message
     from sparse_asr.training.runtime import Watchdog
 
-    cfg = load_config(args.config, args.overrides + ([f"train.resume={args.resume}"] if args.resume else []))
-    if cfg.train.resume and not cfg.name:  # continue in the same run directory
-        cfg = dataclasses.replace(cfg, name=load_checkpoint(cfg.train.resume)["config"]["name"])
+    cfg, checkpoint = config_for_run(args.config, args.overrides, args.resume, comm.size)
     cfg = resolve_for_run(cfg, comm)
-    if args.overwrite and cfg.train.resume:
+    if args.overwrite and checkpoint and cfg.train.resume != "auto":
         raise ConfigError("--overwrite starts the run afresh and --resume continues it: give one of them")
-    if not cfg.train.resume and not args.overwrite:  # rank 0 looks (one filesystem), every rank refuses
+    overwrite = args.overwrite and not checkpoint  # with --resume auto: only when there is nothing to continue
+    if not checkpoint and not overwrite:  # rank 0 looks (one filesystem), every rank refuses
         refusal = comm.bcast_object(previous_run_message(cfg.run_dir) if comm.rank == 0 else None)
         if refusal:
             raise FileExistsError(refusal)
     watchdog = Watchdog(comm, cfg.distributed.timeout_s) if cfg.distributed.timeout_s and comm.size > 1 else None
-    trainer = build_trainer(cfg, comm, resume=cfg.train.resume, overwrite=args.overwrite)
+    trainer = build_trainer(cfg, comm, resume=checkpoint, overwrite=overwrite)
     try:
         results = trainer.fit()
     finally:

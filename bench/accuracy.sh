@@ -74,7 +74,7 @@ common+=("${overrides[@]}")
 
 for algorithm in "${algorithm_list[@]}"; do  # before anything slow
     run_dir=$out/runs/$algorithm
-    [[ -f "$run_dir/checkpoints/last.pt" || ! -e "$run_dir" ]] ||
+    [[ -e "$run_dir/checkpoints/last" || ! -e "$run_dir" ]] ||
         die "$run_dir exists but holds no checkpoint to resume from; remove it to train again"
 done
 
@@ -104,7 +104,7 @@ for algorithm in "${algorithm_list[@]}"; do
     run_dir=$out/runs/$algorithm
     command=(.venv/bin/mpiexec -n "$ranks" .venv/bin/python train.py --config "$config" "out_dir=$out/runs"
              "name=$algorithm" "compression.algorithm=$algorithm" "${common[@]}")
-    [[ ! -f "$run_dir/checkpoints/last.pt" ]] || command+=(--resume "$run_dir/checkpoints/last.pt")
+    [[ ! -e "$run_dir/checkpoints/last" ]] || command+=(--resume "$run_dir")
     commands+=("$(shell_join "${command[@]}")")
     run_dirs+=("$run_dir")
 done

@@ -30,3 +30,12 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make the renames and new names inside directory `path` durable (a crash after this keeps them)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

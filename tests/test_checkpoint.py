@@ -1,46 +1,82 @@
-"""Checkpoints: atomic writes, clear errors, and exact resume (single process; the 2-rank sparse
-case is in test_distributed_train.py)."""
+"""Checkpoints (single process): the sharded directory format and its verification, a full disk, pruning
+and the best link, which config a resume continues with, refused resumes that leave the run directory
+untouched, and exact resume after a crash. The multi-rank cases are in test_distributed_train.py."""
+import errno
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+import train
 from sparse_asr.comm import Communicator
-from tests.mpi.train_common import run_training, step_losses, tiny_overrides
-from sparse_asr.training.checkpoint import (FORMAT_VERSION, atomic_save, load_checkpoint, load_training_state, rng_state,
-                                            set_rng_state)
+from sparse_asr.compression import build_compressor
+from sparse_asr.training.checkpoint import (MANIFEST, CheckpointError, Progress, RankState, TrainingState,
+                                            check_state_fits, find_checkpoint, load_shared, load_training_state,
+                                            rng_state, save_training_state, set_rng_state)
+from sparse_asr.training.config import ConfigError, load_config, resolve_for_run, to_dict
+from sparse_asr.training.resume import SAFE_TO_CHANGE, config_for_run
 from sparse_asr.training.trainer import Trainer
-
+from tests.mpi.train_common import (SMOKE_CONFIG, assert_one_row_per_kind_and_step, flip_byte, read_metrics,
+                                   run_training, step_losses, tiny_overrides, tree_digest)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+REPO = Path(__file__).resolve().parent.parent
 
 
-def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
-    path = tmp_path / "ckpt.pt"
-    atomic_save({"format_version": 1, "x": torch.arange(3)}, path)
-
-    def broken_save(obj, f):
-        f.write(b"half a checkpoint")
-        raise OSError(28, "disk full")
-
-    monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
-        atomic_save({"format_version": 1, "x": torch.arange(5)}, path)
-    monkeypatch.undo()
-    assert torch.equal(torch.load(path)["x"], torch.arange(3))
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left behind
+def make_state(step: int, config: dict | None = None, seed: int = 0) -> TrainingState:
+    g = torch.Generator().manual_seed(seed + step)
+    return TrainingState(
+        config=config or to_dict(load_config(SMOKE_CONFIG)),
+        model={"w": torch.randn(50, 20, generator=g), "bn.running_mean": torch.randn(20, generator=g)},
+        optimizer={"state": {0: {"momentum_buffer": torch.randn(50, 20, generator=g)}}, "param_groups": []},
+        progress=Progress(step=step, epoch=step // 4, batch_in_epoch=step % 4),
+        mine=RankState(compressor={"residual": torch.randn(1000, generator=g), "boundaries": [0, 1000]},
+                       rng=rng_state(), buffers={"bn.running_mean": torch.randn(20, generator=g)},
+                       cum_bytes_recv=123.0 * step, epoch_window={"sums": {"loss": 1.5}, "counts": {"loss": 1}, "steps": 1}),
+        extra={"warmup_steps": 2, "metrics_rows": 3 * step})
 
 
-def test_load_errors_are_clear(tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing.pt does not exist"):
-        load_checkpoint(tmp_path / "missing.pt")
-    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="garbage.pt cannot be read"):
-        load_checkpoint(tmp_path / "garbage.pt")
-    torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
-    with pytest.raises(ValueError, match="not a checkpoint of this project"):
-        load_checkpoint(tmp_path / "foreign.pt")
-    atomic_save({"format_version": FORMAT_VERSION, "world_size": 2, "ranks": [{}, {}]}, tmp_path / "two.pt")
-    with pytest.raises(ValueError, match="written by 2 ranks but this job has 1"):
-        load_training_state(Communicator(), tmp_path / "two.pt")
+def assert_same(a, b, where="state"):
+    if torch.is_tensor(a):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    else:
+        assert a == b, where
+
+
+# ------------------------------------------------------------------------------------------- the format
+def test_round_trip_and_manifest(tmp_path):
+    comm = Communicator()
+    state = make_state(6)
+    directory = save_training_state(comm, tmp_path / "checkpoints", state)
+    assert directory == tmp_path / "checkpoints" / "step-00000006"
+    assert sorted(p.name for p in directory.iterdir()) == [MANIFEST, "rank0.pt", "shared.pt"]
+    manifest = json.loads((directory / MANIFEST).read_text())
+    assert (manifest["world_size"], manifest["step"], manifest["epoch"]) == (1, 6, 1)
+    assert manifest["config"] == state.config
+    for name, entry in manifest["files"].items():  # the hash computed while writing is the file's
+        data = (directory / name).read_bytes()
+        assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
+    assert os.readlink(tmp_path / "checkpoints" / "last") == "step-00000006"  # relative: the run can move
+
+    loaded = load_training_state(comm, tmp_path)  # a run directory means its checkpoints/last
+    assert_same(loaded.model, state.model)
+    assert_same(loaded.optimizer, state.optimizer)
+    assert loaded.progress == state.progress and loaded.extra == state.extra and loaded.config == state.config
+    assert_same(loaded.mine.compressor, state.mine.compressor)
+    assert_same(loaded.mine.buffers, state.mine.buffers)
+    assert loaded.mine.cum_bytes_recv == 738.0 and loaded.mine.epoch_window == state.mine.epoch_window
+    manifest2, shared = load_shared(directory)  # what evaluate.py reads: the shared file only
+    assert manifest2 == manifest and torch.equal(shared["model"]["w"], state.model["w"])
 
 
 def test_rng_state_round_trip():
@@ -54,13 +90,220 @@ def test_rng_state_round_trip():
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
 
 
-def assert_same_parameters(a_path, b_path):
-    a, b = load_checkpoint(a_path), load_checkpoint(b_path)
-    assert a["progress"]["step"] == b["progress"]["step"] and a["progress"]["epoch"] == b["progress"]["epoch"]
-    assert a["model"].keys() == b["model"].keys()
-    for key in a["model"]:
-        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-6, atol=1e-7, msg=key)
-    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+@pytest.mark.parametrize("name", ["shared.pt", "rank0.pt"])
+def test_a_damaged_file_is_refused_naming_it(tmp_path, name):
+    comm = Communicator()
+    directory = save_training_state(comm, tmp_path / "checkpoints", make_state(3))
+    path = directory / name
+    original = path.read_bytes()
+    flip_byte(path)  # one bit of one byte
+    with pytest.raises(CheckpointError, match=f"checkpoint file {path} is corrupted"):
+        load_training_state(comm, directory)
+    path.write_bytes(original[:-10])
+    with pytest.raises(CheckpointError, match=f"{path} has {len(original) - 10} bytes, the manifest says {len(original)}"):
+        load_training_state(comm, directory)
+    path.unlink()
+    with pytest.raises(CheckpointError, match=f"checkpoint file {path} is missing"):
+        load_training_state(comm, directory)
+    if name == "shared.pt":  # evaluate.py's reader checks too
+        with pytest.raises(CheckpointError, match=f"checkpoint file {path} is missing"):
+            load_shared(directory)
+
+
+def test_load_errors_are_clear(tmp_path):
+    comm = Communicator()
+    with pytest.raises(FileNotFoundError, match="missing does not exist"):
+        load_training_state(comm, tmp_path / "missing")
+    (tmp_path / "last.pt").write_bytes(b"an old single-file checkpoint")
+    with pytest.raises(CheckpointError, match="last.pt is a file; checkpoints are directories"):
+        find_checkpoint(tmp_path / "last.pt")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="empty is neither a checkpoint .manifest.json missing"):
+        find_checkpoint(tmp_path / "empty")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="run directory .*run has no finished checkpoint"):
+        find_checkpoint(tmp_path / "run")
+    directory = save_training_state(comm, tmp_path / "two", make_state(1))
+    manifest = json.loads((directory / MANIFEST).read_text())
+    (directory / MANIFEST).write_text(json.dumps({**manifest, "world_size": 2}))
+    with pytest.raises(CheckpointError, match="written by 2 ranks but this job has 1"):
+        load_training_state(comm, directory)
+    (directory / MANIFEST).write_text("{ half a manifest")
+    with pytest.raises(CheckpointError, match="manifest.json cannot be read"):
+        load_training_state(comm, directory)
+    (directory / MANIFEST).unlink()  # a save that died before its manifest
+    with pytest.raises(CheckpointError, match="manifest.json missing: an unfinished save"):
+        load_training_state(comm, directory)
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_temporary_files(tmp_path, monkeypatch):
+    comm = Communicator()
+    checkpoints = tmp_path / "checkpoints"
+    save_training_state(comm, checkpoints, make_state(4))
+    before = tree_digest(checkpoints)
+    real_save = torch.save
+
+    def disk_full_midway(obj, f):
+        if "state" in obj:  # the rank shard: half of it reaches the disk, then the disk is full
+            f.write(b"x" * 1000)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(obj, f)
+
+    monkeypatch.setattr(torch, "save", disk_full_midway)
+    with pytest.raises(OSError, match=r"could not write .*step-00000008/rank0.pt: No space left on device") as info:
+        save_training_state(comm, checkpoints, make_state(8))
+    assert info.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert tree_digest(checkpoints) == before  # no step-8 directory, no temporary file, last unchanged
+    assert load_training_state(comm, tmp_path).progress.step == 4
+
+
+def test_pruning_keeps_the_newest_and_what_best_points_at(tmp_path):
+    comm = Communicator()
+    checkpoints = tmp_path / "checkpoints"
+    for step in range(1, 6):
+        save_training_state(comm, checkpoints, make_state(step), keep=2, best=step == 2)
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best", "last", "step-00000002", "step-00000004",
+                                                             "step-00000005"]
+    assert os.readlink(checkpoints / "best") == "step-00000002" and os.readlink(checkpoints / "last") == "step-00000005"
+    assert (checkpoints / "best").is_symlink()  # marking best copies nothing
+    assert load_training_state(comm, checkpoints / "best").progress.step == 2
+    (checkpoints / "step-00000007").mkdir()  # a save that died before its manifest
+    (checkpoints / "step-00000007" / "rank0.pt").write_bytes(b"partial")
+    save_training_state(comm, checkpoints, make_state(6), keep=2, best=True)
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best", "last", "step-00000005", "step-00000006"]
+
+
+def test_a_compressor_state_that_does_not_fit_is_named():
+    comm = Communicator()
+    oktopk = build_compressor("oktopk", comm, 1000, 0.01, warmup=2).state_dict()
+    topka = build_compressor("topka", comm, 1000, 0.01).state_dict()
+    dense = build_compressor("dense", comm, 1000).state_dict()
+    with pytest.raises(CheckpointError, match="compressor state does not fit this run: missing inner, warmup_taken"):
+        check_state_fits("compressor", oktopk, dense)
+    with pytest.raises(CheckpointError, match="missing inner.boundaries, inner.global_nudge"):
+        check_state_fits("compressor", oktopk, {"warmup_taken": 2, "inner": topka})
+    with pytest.raises(CheckpointError, match=r"residual has shape \(999,\), this run's has \(1000,\)"):
+        check_state_fits("compressor", topka, {"residual": torch.zeros(999)})
+    check_state_fits("compressor", oktopk, build_compressor("oktopk", comm, 1000, 0.01, warmup=2).state_dict())
+
+
+# ------------------------------------------------------------------------------------------- which config
+@pytest.fixture
+def saved_run(tmp_path):
+    """runs/exp with one checkpoint of configs/smoke.yaml (+ train.epochs=3), as a real run leaves it."""
+    cfg = resolve_for_run(load_config(SMOKE_CONFIG, [f"out_dir={tmp_path / 'runs'}", "name=exp", "train.epochs=3"]),
+                          Communicator())
+    save_training_state(Communicator(), cfg.run_dir / "checkpoints", make_state(4, to_dict(cfg)))
+    return cfg.run_dir
+
+
+def test_resume_by_run_directory_uses_the_saved_config_where_the_run_now_lives(saved_run):
+    moved = saved_run.parent / "exp-copy"
+    shutil.copytree(saved_run, moved, symlinks=True)
+    cfg, checkpoint = config_for_run(None, ["train.epochs=5", "train.log_every_steps=7"], str(moved), 1)
+    assert checkpoint == str((moved / "checkpoints" / "step-00000004").resolve())
+    assert cfg.run_dir.resolve() == moved.resolve()  # where the checkpoint is, not the name stored in it
+    assert (cfg.train.epochs, cfg.train.log_every_steps, cfg.train.resume) == (5, 7, str(moved))
+    saved = json.loads((moved / "checkpoints" / "last" / MANIFEST).read_text())["config"]
+    assert cfg.model.name == saved["model"]["name"] and cfg.seed == saved["seed"]
+    # The same through a --config file: keys that differ from the saved config must be safe ones.
+    cfg2, _ = config_for_run(str(SMOKE_CONFIG), ["train.epochs=5"], str(moved / "checkpoints" / "last"), 1)
+    assert cfg2.train.epochs == 5 and cfg2.run_dir.resolve() == moved.resolve()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.name=lstman4_small"], "model.name 'lstman4_tiny' -> 'lstman4_small'"),
+    (["compression.algorithm=oktopk"], "compression.algorithm 'dense' -> 'oktopk'"),
+    (["optim.lr=0.5", "train.epochs=9"], "optim.lr 0.0003 -> 0.5"),
+    (["name=other"], "continues where its checkpoint lives"),
+])
+def test_resume_refuses_unsafe_changes(saved_run, overrides, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        config_for_run(None, overrides, str(saved_run), 1)
+    if "->" in message:
+        assert "train.epochs" not in str(info.value).split(". Only")[0]  # safe changes are not listed as refused
+        assert "Only these keys may change when resuming: " + ", ".join(SAFE_TO_CHANGE) in str(info.value)
+
+
+def test_resume_auto_and_other_refusals(saved_run, tmp_path):
+    out = f"out_dir={saved_run.parent}"
+    cfg, checkpoint = config_for_run(str(SMOKE_CONFIG), [out, "name=exp", "train.epochs=3"], "auto", 1)
+    assert checkpoint and cfg.train.epochs == 3  # exp has a checkpoint: continue it
+    cfg, checkpoint = config_for_run(str(SMOKE_CONFIG), [out, "name=fresh", "train.resume=auto"], "", 1)
+    assert checkpoint == "" and cfg.name == "fresh"  # nothing to continue: start it
+    with pytest.raises(ConfigError, match="needs --config and an explicit run name"):
+        config_for_run(str(SMOKE_CONFIG), [out], "auto", 1)
+    with pytest.raises(ConfigError, match="--config is required to start a run"):
+        config_for_run(None, [], "", 1)
+    with pytest.raises(CheckpointError, match="written by 1 ranks but this job has 2.*mpiexec -n 1"):
+        config_for_run(None, [], str(saved_run), 2)
+    save_training_state(Communicator(), saved_run / "checkpoints", make_state(8, to_dict(load_config(SMOKE_CONFIG))),
+                        keep=2)
+    with pytest.raises(CheckpointError, match="step-00000004 is not the newest .* step-00000008 first"):
+        config_for_run(None, [], str(saved_run / "checkpoints" / "step-00000004"), 1)
+
+
+# ------------------------------------------------------------------------------------------- real runs
+@pytest.fixture
+def one_epoch_run(an4_manifests, tmp_path):
+    run_training(tiny_overrides(an4_manifests, tmp_path, "done", train__epochs=1))
+    return tmp_path / "done"
+
+
+def test_a_refused_resume_leaves_the_run_directory_byte_identical(an4_manifests, tmp_path, one_epoch_run):
+    before = tree_digest(one_epoch_run)
+    assert "checkpoints/last" in before and "metrics.jsonl" in before and "config.yaml" in before
+    attempts = [  # (overrides, what the error says)
+        (["model.name=lstman4_small"], "model.name 'lstman4_tiny' -> 'lstman4_small'"),
+        (["compression.algorithm=oktopk"], "compression.algorithm 'dense' -> 'oktopk'"),
+        (["compression.algorithm=topka", "train.epochs=2"], "compression.algorithm 'dense' -> 'topka'"),
+    ]
+    for overrides, message in attempts:
+        with pytest.raises(ConfigError, match=message):
+            run_training(overrides, resume=str(one_epoch_run), config=None)
+        assert tree_digest(one_epoch_run) == before, overrides
+    shard = one_epoch_run / "checkpoints" / "last" / "rank0.pt"
+    flip_byte(shard)
+    before = tree_digest(one_epoch_run)
+    with pytest.raises(CheckpointError, match="rank0.pt is corrupted"):
+        run_training(["train.epochs=2"], resume=str(one_epoch_run), config=None)
+    assert tree_digest(one_epoch_run) == before
+
+
+def test_a_checkpoint_that_does_not_fit_the_trainer_is_refused(an4_manifests, tmp_path):
+    """A dense run's state offered to an Ok-Topk trainer (as if the config check were bypassed): a clear
+    error naming the missing compressor keys, not a bare KeyError."""
+    comm = Communicator()
+
+    def trainer(name, algorithm, **settings):
+        overrides = tiny_overrides(an4_manifests, tmp_path, name, compression__algorithm=algorithm, **settings)
+        return train.build_trainer(resolve_for_run(load_config(SMOKE_CONFIG, overrides), comm), comm)
+
+    dense, oktopk = trainer("dense", "dense"), trainer("ok", "oktopk")
+    with pytest.raises(CheckpointError, match="compressor state does not fit this run: missing boundaries, "
+                                              "global_nudge, global_threshold, local_nudge, local_threshold, "
+                                              "residual, sparse_steps"):
+        oktopk.load_training_state(dense.training_state())
+    # warmup_steps 'auto' (5% of the run's steps) is fixed when a run starts: 1 epoch of 4 steps = none.
+    # Resumed with 40 epochs it stays none, and the state fits (160 steps would make it 8).
+    short = trainer("short", "oktopk", compression__warmup_steps="auto", train__epochs=1)
+    longer = trainer("longer", "oktopk", compression__warmup_steps="auto", train__epochs=40)
+    assert (short.warmup, longer.warmup) == (0, 8)
+    longer.load_training_state(short.training_state())
+    assert longer.warmup == 0 and longer.exchange.state_dict().keys() == short.exchange.state_dict().keys()
+    for t in (dense, oktopk, short, longer):
+        t.log.close()
+
+
+def assert_same_parameters(a_dir, b_dir):
+    comm = Communicator()
+    a, b = load_training_state(comm, a_dir), load_training_state(comm, b_dir)
+    assert (a.progress.step, a.progress.epoch) == (b.progress.step, b.progress.epoch)
+    assert a.model.keys() == b.model.keys()
+    for key in a.model:
+        torch.testing.assert_close(a.model[key], b.model[key], rtol=1e-6, atol=1e-7, msg=key)
+    for sa, sb in zip(a.optimizer["state"].values(), b.optimizer["state"].values()):
         torch.testing.assert_close(sa["momentum_buffer"], sb["momentum_buffer"], rtol=1e-6, atol=1e-7)
 
 
@@ -69,6 +312,21 @@ def assert_same_losses(a_dir, b_dir, steps):
     assert sorted(a) == sorted(b) == list(range(1, steps + 1)), (sorted(a), sorted(b))
     for step in a:
         assert a[step] == pytest.approx(b[step], rel=1e-6), (step, a[step], b[step])
+
+
+def assert_tensorboard_matches_metrics(run_dir, steps, val_steps):
+    """TensorBoard as scripts/compare_runs.py reads it (EventAccumulator, which honours the purge marker a
+    resumed run writes): every step once with metrics.jsonl's value, and every epoch's validation point."""
+    spec = importlib.util.spec_from_file_location("compare_runs", REPO / "scripts" / "compare_runs.py")
+    compare_runs = sys.modules.setdefault("compare_runs", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(compare_runs)
+    curves = compare_runs.load_run(run_dir).curves
+    losses = step_losses(run_dir)
+    assert curves["train/loss"].steps.tolist() == list(range(1, steps + 1))
+    assert curves["train/loss"].values.tolist() == pytest.approx([losses[s] for s in range(1, steps + 1)], rel=1e-6)
+    assert curves["val/wer"].steps.tolist() == val_steps
+    val = {m["step"]: m["val/wer"] for m in read_metrics(run_dir) if m["kind"] == "val"}
+    assert curves["val/wer"].values.tolist() == pytest.approx([val[s] for s in val_steps], rel=1e-6)
 
 
 # Feature masking (off by default) must not break exact resume: its masks depend on (seed, epoch, item).
@@ -82,34 +340,42 @@ def test_two_epochs_equal_one_epoch_resume_one_epoch(an4_manifests, tmp_path, au
                     **AUGMENTATION[augmentation])
     full = run_training(tiny_overrides(an4_manifests, tmp_path, "full", **settings))
     run_training(tiny_overrides(an4_manifests, tmp_path, "parts", **{**settings, "train__epochs": 1}))
-    resumed = run_training(tiny_overrides(an4_manifests, tmp_path, "parts", **settings),
-                           resume=str(tmp_path / "parts" / "checkpoints" / "last.pt"))
+    # The run's own config, one safe change: the number of epochs.
+    resumed = run_training(["train.epochs=2"], resume=str(tmp_path / "parts"), config=None)
     assert_same_losses(tmp_path / "full", tmp_path / "parts", steps=8)
-    assert_same_parameters(tmp_path / "full" / "checkpoints" / "last.pt", tmp_path / "parts" / "checkpoints" / "last.pt")
+    assert_same_parameters(tmp_path / "full", tmp_path / "parts")
     assert resumed["dev"] == pytest.approx(full["dev"]) and resumed["test"] == pytest.approx(full["test"])
+    assert_one_row_per_kind_and_step(tmp_path / "parts")
+    assert_tensorboard_matches_metrics(tmp_path / "parts", steps=8, val_steps=[4, 8])
 
 
 @pytest.mark.parametrize("augmentation", AUGMENTATION)
 def test_resume_mid_epoch_after_a_crash(an4_manifests, tmp_path, monkeypatch, augmentation):
-    """A checkpoint every 3 steps; the run dies at step 7 (epoch 2, third batch). Resuming from
-    last.pt (written at step 6, mid-epoch: sampler position 2 of 4) continues the same curve."""
+    """A checkpoint every 3 steps; the run dies after step 7 (epoch 2, third batch; logged, not checkpointed).
+    Resuming (mid-epoch, sampler position 2 of 4) continues the same curve, and step 7's first rows are
+    gone from metrics.jsonl and hidden from TensorBoard readers."""
     settings = dict(train__epochs=2, optim__lr=1e-3, train__checkpoint_every_steps=3, **AUGMENTATION[augmentation])
     run_training(tiny_overrides(an4_manifests, tmp_path, "full", **settings))
 
     original = Trainer.train_step
 
-    def dies_at_step_6(self, batch):
-        if self.progress.step == 6:
+    def dies_after_step_7(self, batch):
+        if self.progress.step == 7:
             raise RuntimeError("simulated crash")
         return original(self, batch)
 
-    monkeypatch.setattr(Trainer, "train_step", dies_at_step_6)
+    monkeypatch.setattr(Trainer, "train_step", dies_after_step_7)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_training(tiny_overrides(an4_manifests, tmp_path, "crashed", **settings))
     monkeypatch.undo()
-    last = tmp_path / "crashed" / "checkpoints" / "last.pt"
-    assert load_checkpoint(last)["progress"] | {"best_wer": None} == {
-        "step": 6, "epoch": 1, "batch_in_epoch": 2, "skipped_steps": 0, "nonfinite_in_row": 0, "best_wer": None}
-    run_training(tiny_overrides(an4_manifests, tmp_path, "crashed", **settings), resume=str(last))
-    assert_same_losses(tmp_path / "full", tmp_path / "crashed", steps=8)
-    assert_same_parameters(tmp_path / "full" / "checkpoints" / "last.pt", last)
+    crashed = tmp_path / "crashed"
+    assert max(step_losses(crashed)) == 7  # logged after the last checkpoint
+    last = load_training_state(Communicator(), crashed)
+    assert last.progress == Progress(step=6, epoch=1, batch_in_epoch=2, best_wer=last.progress.best_wer)
+    assert sorted(p.name for p in (crashed / "checkpoints").iterdir()) == ["best", "last", "step-00000004",
+                                                                           "step-00000006"]
+    run_training(tiny_overrides(an4_manifests, tmp_path, "crashed", **settings), resume=str(crashed))
+    assert_same_losses(tmp_path / "full", crashed, steps=8)
+    assert_same_parameters(tmp_path / "full", crashed)
+    assert_one_row_per_kind_and_step(crashed)
+    assert_tensorboard_matches_metrics(crashed, steps=8, val_steps=[4, 8])

@@ -26,10 +26,21 @@ def test_replicas_stay_identical(an4_manifests, tmp_path, nprocs):
     assert out.count("replicas identical") == len(COMPRESSORS), out
 
 
-def test_resume_is_exact_on_two_ranks_with_a_sparse_compressor(an4_manifests, tmp_path):
-    algorithm = "oktopk" if "oktopk" in COMPRESSORS else "topka"
-    out = check_mpi(2, ["-m", "tests.mpi.train_resume", str(an4_manifests), str(tmp_path), algorithm])
-    assert f"{algorithm}: P=2 resume == uninterrupted over 8 steps" in out, out
+def test_resume_after_a_mid_epoch_crash_is_exact_on_two_ranks(an4_manifests, tmp_path):
+    """Ok-Topk on 2 ranks: train, dev and test loss, parameters, residuals and each rank's BatchNorm
+    statistics equal the uninterrupted run's; a corrupted shard is refused. Then the 2-rank checkpoint
+    resumed by 1 rank is refused before anything in the run directory changes."""
+    out = check_mpi(2, ["-m", "tests.mpi.train_resume", str(an4_manifests), str(tmp_path), "oktopk"])
+    assert "oktopk: P=2 resume after a mid-epoch crash == uninterrupted over 8 steps" in out, out
+    assert "P=2: a flipped byte in rank1.pt is refused on every rank; run directory unchanged" in out, out
+
+    from sparse_asr.training.checkpoint import CheckpointError
+    from tests.mpi.train_common import run_training, tree_digest
+
+    before = tree_digest(tmp_path / "crashed")
+    with pytest.raises(CheckpointError, match="written by 2 ranks but this job has 1"):
+        run_training([], resume=str(tmp_path / "crashed"), config=None)
+    assert tree_digest(tmp_path / "crashed") == before
 
 
 def test_an_exception_on_rank_1_ends_every_rank_promptly(an4_manifests, tmp_path):
@@ -57,7 +68,7 @@ def test_sharded_evaluation_equals_one_process(an4_manifests, tmp_path):
     from tests.mpi.train_common import run_training, tiny_overrides
 
     run_training(tiny_overrides(an4_manifests, tmp_path, "ev", train__epochs=1, data__test_manifest="''"))
-    args = ["evaluate.py", str(tmp_path / "ev" / "checkpoints" / "last.pt"),
+    args = ["evaluate.py", str(tmp_path / "ev" / "checkpoints" / "last"),
             "--manifest", str(an4_manifests / "an4_dev.csv"), "--worst", "0", "--batch-size", "16"]
     def figures(out):
         pairs = [line.split() for line in out.splitlines() if line.startswith("  ") and len(line.split()) == 2]

@@ -56,7 +56,7 @@ def test_a_previous_run_is_refused_untouched_then_replaced_with_overwrite(tiny_m
     assert "epochs: 2" in (run_dir / "config.yaml").read_text()
     assert (run_dir / "notes.txt").read_text() == "mine"  # not a run file: kept
 
-    last = str(run_dir / "checkpoints" / "last.pt")
+    last = str(run_dir)
     with pytest.raises(ConfigError, match="--overwrite starts the run afresh and --resume continues it"):
         train.run(train.parse_args(["--config", str(SMOKE_CONFIG), *overrides, "--overwrite", "--resume", last]),
                   Communicator())

@@ -64,7 +64,8 @@ def test_smoke_end_to_end(tiny_manifest, tmp_path):
         assert all(math.isfinite(e.value) for e in events.Scalars(tag)), tag
     assert all(e.value == 1.0 for e in events.Scalars("comm/dense"))
     assert all(e.value == 1.0 for e in events.Scalars("comm/density"))
-    assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / "checkpoints" / "best.pt").is_file()
+    assert (run_dir / "checkpoints" / "last" / "manifest.json").is_file()
+    assert (run_dir / "checkpoints" / "best" / "manifest.json").is_file()
 
 
 def test_only_training_features_are_augmented(tiny_manifest, tmp_path, monkeypatch):
@@ -96,7 +97,7 @@ def test_only_training_features_are_augmented(tiny_manifest, tmp_path, monkeypat
 
 def test_evaluate_cli(tiny_manifest, tmp_path, capsys):
     run_training(tiny_on(tiny_manifest, tmp_path, "ev", train__epochs=1))
-    checkpoint = tmp_path / "ev" / "checkpoints" / "last.pt"
+    checkpoint = tmp_path / "ev" / "checkpoints" / "last"
     capsys.readouterr()
     evaluate.main([str(checkpoint), "--manifest", str(tiny_manifest), "--worst", "3"])
     out = capsys.readouterr().out

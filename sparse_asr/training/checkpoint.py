@@ -1,17 +1,29 @@
-"""Checkpoints: the training state of a run, one file holding everything needed to continue exactly
+"""Checkpoints: the training state of a run, one directory per checkpoint, each rank writing its own part
 (DESIGN 8).
 
-`TrainingState` is the explicit, versioned record: the parts every rank holds identically (config,
-model, optimizer, progress) and each rank's own parts (compressor state such as residuals and
-thresholds, RNG states, BatchNorm statistics of a mid-epoch checkpoint, traffic counters, the
-epoch's running figures). Rank 0 writes the file; each rank's own part is gathered to rank 0 first
-and stored as `ranks[r]`. On resume every rank reads the file (memory-mapped, so it only touches its
-own entry) and takes `ranks[comm.rank]`. Writes are atomic: a temporary file, then os.replace.
+    checkpoints/step-00000120/
+        rank0.pt, rank1.pt, ...  each rank's RankState, written by that rank
+        shared.pt                config, model, optimizer, progress, extra (identical on every rank; rank 0)
+        manifest.json            world size, step, config, and every file's size and SHA-256; rank 0 writes
+                                 it LAST, so a directory without one is unfinished and is never read
+    checkpoints/last -> step-00000120   relative symbolic links, replaced atomically (a rename)
+    checkpoints/best -> step-00000096
+
+No rank's state travels to another rank: a save gathers only (file, size, hash) strings, so its cost
+per rank does not grow with P, and no message is larger than a few hundred bytes. Every file is
+written atomically (temporary file, fsync, rename). `last` and `best` are links, not copies: marking
+a checkpoint best copies nothing, and the link is swapped in one rename; the pruning after each save
+(`train.keep_checkpoints` newest step directories) never deletes what a link points at. Loading
+checks every file it reads against the manifest (size and SHA-256) and refuses one that differs,
+naming it; on resume all ranks agree that their files are sound before any rank goes on.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
+import os
 import random
 import shutil
 from dataclasses import dataclass, field
@@ -20,9 +32,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sparse_asr.fileio import atomic_write
+from sparse_asr.fileio import atomic_write, atomic_write_text, fsync_dir
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+MANIFEST = "manifest.json"
+SHARED = "shared.pt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unfinished, corrupted or does not fit this job (the message names the file)."""
 
 
 @dataclass
@@ -32,7 +50,7 @@ class Progress:
     batch_in_epoch: int = 0  # batches of the current epoch already consumed (the sampler's position)
     skipped_steps: int = 0  # non-finite steps skipped so far
     nonfinite_in_row: int = 0
-    best_wer: float = math.inf  # best dev WER so far (best.pt)
+    best_wer: float = math.inf  # best dev WER so far (checkpoints/best)
 
 
 @dataclass
@@ -53,30 +71,263 @@ class TrainingState:
     optimizer: dict
     progress: Progress
     mine: RankState
-    extra: dict = field(default_factory=dict)  # anything else a run records (e.g. the resolved warm-up)
+    extra: dict = field(default_factory=dict)  # anything else a run records (the resolved warm-up, log rows)
 
 
-def save_training_state(comm, path: str | Path, state: TrainingState) -> None:
-    """Collective: every rank passes its state; rank 0 writes the shared parts and all ranks' own parts."""
-    ranks = comm.gather_object(dataclasses.asdict(state.mine), root=0)
+def rank_file(rank: int) -> str:
+    return f"rank{rank}.pt"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+# ---------------------------------------------------------------------------------------- saving
+def save_training_state(comm, checkpoint_dir: str | Path, state: TrainingState, keep: int = 1,
+                        best: bool = False) -> Path:
+    """Collective: write `state` as checkpoint_dir/step-N/ (N = optimizer steps taken), point `last`
+    (and `best` when asked) at it, and prune old step directories down to the newest `keep`.
+    Returns the new directory. If any rank cannot write its file (a full disk), every rank raises
+    an OSError naming the file, the unfinished directory is removed and `last` is left as it was."""
+    checkpoint_dir = Path(checkpoint_dir)
+    target = checkpoint_dir / step_dir_name(state.progress.step)
     if comm.rank == 0:
-        atomic_save({"format_version": FORMAT_VERSION, "world_size": comm.size, "config": state.config,
-                     "model": state.model, "optimizer": state.optimizer,
-                     "progress": dataclasses.asdict(state.progress), "extra": state.extra, "ranks": ranks}, path)
-    comm.barrier()  # nobody goes on (or reads the file) before it is complete
+        if target.exists():  # an unfinished save of a crashed run, or the same step saved again
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+    comm.barrier()
+    written, error = {}, None
+    try:
+        if comm.rank == 0:
+            written[SHARED] = write_hashed(target / SHARED, {
+                "format_version": FORMAT_VERSION, "world_size": comm.size, "config": state.config,
+                "model": state.model, "optimizer": state.optimizer,
+                "progress": dataclasses.asdict(state.progress), "extra": state.extra})
+        written[rank_file(comm.rank)] = write_hashed(target / rank_file(comm.rank), {
+            "format_version": FORMAT_VERSION, "rank": comm.rank, "world_size": comm.size,
+            "state": dataclasses.asdict(state.mine)})
+    except OSError as e:
+        error = (e.errno, f"rank {comm.rank}: {e}")
+    reports = comm.allgather_object((written, error))  # a few strings per rank
+    errors = [e for _, e in reports if e is not None]
+    if errors:
+        if comm.rank == 0:
+            shutil.rmtree(target, ignore_errors=True)
+        raise OSError(errors[0][0], f"checkpoint {target} not written: " + "; ".join(m for _, m in errors))
+    if comm.rank == 0:
+        files = {name: entry for files, _ in reports for name, entry in files.items()}
+        try:
+            fsync_dir(target)  # the renames of every rank's file are durable before the manifest says so
+            write_manifest(target, state, comm.size, files)
+        except OSError:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        point_link(checkpoint_dir, "last", target.name)
+        if best:
+            point_link(checkpoint_dir, "best", target.name)
+        prune(checkpoint_dir, keep)
+    comm.barrier()  # nobody goes on (or reads the checkpoint) before it is complete
+    return target
+
+
+class _HashingWriter:
+    """Passes writes through to a file, hashing and counting the bytes on the way (no second read)."""
+
+    def __init__(self, f):
+        self.f, self.sha256, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        self.sha256.update(view)
+        self.size += view.nbytes
+        return self.f.write(view)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def write_hashed(path: Path, obj: dict) -> dict:
+    """torch.save `obj` to `path` atomically; returns {"bytes", "sha256"} of what was written."""
+    hashing = {}
+
+    def write(f):
+        w = _HashingWriter(f)
+        torch.save(obj, w)
+        hashing.update(bytes=w.size, sha256=w.sha256.hexdigest())
+
+    atomic_write(path, write)
+    return hashing
+
+
+def write_manifest(directory: Path, state: TrainingState, world_size: int, files: dict) -> None:
+    expected = {SHARED} | {rank_file(r) for r in range(world_size)}
+    if set(files) != expected:
+        raise OSError(f"checkpoint {directory}: files {sorted(files)} were written, expected {sorted(expected)}")
+    p = state.progress
+    manifest = {"format_version": FORMAT_VERSION, "world_size": world_size, "step": p.step, "epoch": p.epoch,
+                "batch_in_epoch": p.batch_in_epoch, "config": state.config,
+                "files": {name: files[name] for name in sorted(files)}}
+    atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    fsync_dir(directory)
+
+
+def point_link(checkpoint_dir: Path, name: str, target: str) -> None:
+    """checkpoint_dir/name -> target (relative), replaced in one rename: readers see the old or the new link."""
+    tmp = checkpoint_dir / f".{name}.tmp"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, checkpoint_dir / name)
+    fsync_dir(checkpoint_dir)
+
+
+def resolve_link(path: Path) -> Path | None:
+    return path.resolve() if path.is_symlink() and path.exists() else None
+
+
+def complete_checkpoints(checkpoint_dir: Path) -> list[Path]:
+    """The finished step directories (with a manifest), oldest first."""
+    dirs = [d for d in Path(checkpoint_dir).glob("step-*") if d.is_dir() and (d / MANIFEST).is_file()]
+    return sorted(dirs, key=lambda d: int(d.name.split("-", 1)[1]))
+
+
+def prune(checkpoint_dir: Path, keep: int) -> None:
+    """Delete step directories that are unfinished, or older than the newest `keep`, unless `last` or
+    `best` points at them."""
+    complete = complete_checkpoints(checkpoint_dir)
+    linked = {resolve_link(checkpoint_dir / name) for name in ("last", "best")}
+    kept = {d.resolve() for d in complete[-keep:]} | linked
+    for d in checkpoint_dir.glob("step-*"):
+        if d.is_dir() and d.resolve() not in kept:
+            shutil.rmtree(d)
+
+
+# ---------------------------------------------------------------------------------------- loading
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint directory `path` names: a checkpoint directory itself (checkpoints/last, best,
+    step-N) or a run directory (its checkpoints/last). Links are resolved."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return path.resolve()
+    if (path / "checkpoints").is_dir():
+        last = path / "checkpoints" / "last"
+        if not last.exists():
+            raise CheckpointError(f"run directory {path} has no finished checkpoint ({last} does not exist)")
+        return find_checkpoint(last)
+    if path.is_file():
+        raise CheckpointError(f"{path} is a file; checkpoints are directories (format {FORMAT_VERSION}): give "
+                              f"the run directory or one of its checkpoints/ entries (last, best, step-N)")
+    if path.is_dir():
+        raise CheckpointError(f"{path} is neither a checkpoint ({MANIFEST} missing: an unfinished save, or not "
+                              f"a checkpoint of this project) nor a run directory (no checkpoints/)")
+    raise FileNotFoundError(f"checkpoint {path} does not exist")
+
+
+def read_manifest(directory: str | Path) -> dict:
+    path = Path(directory) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist: the checkpoint is unfinished or not one of ours") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} cannot be read: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path} is not a manifest of this project's checkpoint format {FORMAT_VERSION}")
+    missing = {"world_size", "step", "config", "files"} - set(manifest)
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(sorted(missing))}")
+    return manifest
+
+
+def load_verified(directory: Path, manifest: dict, name: str) -> dict:
+    """torch.load one file of a checkpoint after checking its size and SHA-256 against the manifest.
+    Memory-mapped: a rank's shard is not held twice (the caller copies what it keeps)."""
+    path = directory / name
+    entry = manifest["files"].get(name)
+    if entry is None:
+        raise CheckpointError(f"{directory / MANIFEST} does not list {name}")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise CheckpointError(f"checkpoint file {path} has {size} bytes, the manifest says {entry['bytes']} "
+                              f"(truncated or replaced)")
+    if file_sha256(path) != entry["sha256"]:
+        raise CheckpointError(f"checkpoint file {path} is corrupted: its SHA-256 differs from the manifest's")
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+
+
+def file_sha256(path: Path) -> str:
+    sha256 = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            sha256.update(chunk)
+    return sha256.hexdigest()
+
+
+def load_shared(path: str | Path) -> tuple[dict, dict]:
+    """(manifest, shared part: model, optimizer, progress, ...) of a checkpoint; what evaluate.py needs."""
+    directory = find_checkpoint(path)
+    manifest = read_manifest(directory)
+    return manifest, load_verified(directory, manifest, SHARED)
 
 
 def load_training_state(comm, path: str | Path) -> TrainingState:
-    """This rank's view of a checkpoint; the world size must be the one it was written with."""
-    ckpt = load_checkpoint(path)
-    if ckpt["world_size"] != comm.size:
-        raise ValueError(f"checkpoint {path} was written by {ckpt['world_size']} ranks but this job has "
-                         f"{comm.size}: per-rank compressor state (residuals) cannot be redistributed")
-    return TrainingState(config=ckpt["config"], model=ckpt["model"], optimizer=ckpt["optimizer"],
-                         progress=Progress(**ckpt["progress"]), mine=RankState(**ckpt["ranks"][comm.rank]),
-                         extra=ckpt["extra"])
+    """Collective: this rank's view of a checkpoint (the shared file and its own shard, both verified).
+    Raises on every rank if any rank's files are missing or corrupted, so no rank goes on alone."""
+    directory = find_checkpoint(path)
+    manifest = read_manifest(directory)
+    if manifest["world_size"] != comm.size:
+        raise CheckpointError(f"checkpoint {directory} was written by {manifest['world_size']} ranks but this job "
+                              f"has {comm.size}: per-rank compressor state (residuals) cannot be redistributed")
+
+    def load() -> TrainingState:
+        shared = load_verified(directory, manifest, SHARED)
+        mine = load_verified(directory, manifest, rank_file(comm.rank))
+        if mine["rank"] != comm.rank or shared["config"] != manifest["config"]:
+            raise CheckpointError(f"checkpoint {directory}: {rank_file(comm.rank)} or {SHARED} does not match "
+                                  f"the manifest (rank {mine['rank']}, config)")
+        return TrainingState(config=shared["config"], model=shared["model"], optimizer=shared["optimizer"],
+                             progress=Progress(**shared["progress"]), mine=RankState(**mine["state"]),
+                             extra=shared["extra"])
+
+    return on_every_rank(comm, load)
 
 
+def on_every_rank(comm, action):
+    """Run `action()` on every rank; if it raised anywhere, raise on every rank (this rank's own error,
+    else the first failing rank's message), so that no rank goes on to write while another refused."""
+    try:
+        result, error = action(), None
+    except Exception as e:  # noqa: BLE001 -- re-raised below, on this rank and on all others
+        result, error = None, e
+    failures = [(r, m) for r, m in enumerate(comm.allgather_object(None if error is None else str(error))) if m]
+    if error is not None:
+        raise error
+    if failures:
+        r, message = failures[0]
+        raise CheckpointError(f"rank {r} refused the checkpoint: {message}")
+    return result
+
+
+def check_state_fits(what: str, expected: dict, got: dict, prefix: str = "") -> None:
+    """A clear error when a checkpoint's `got` state does not have the keys and tensor shapes of this run's
+    `expected` one (e.g. a dense checkpoint resumed with a sparse compressor: no residual)."""
+    missing, unexpected = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"the checkpoint's {what} state does not fit this run: "
+                              + "; ".join(f"{label} {', '.join(prefix + str(k) for k in keys)}"
+                                          for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys))
+    for key, value in expected.items():
+        if isinstance(value, dict) and isinstance(got[key], dict):
+            check_state_fits(what, value, got[key], f"{prefix}{key}.")
+        elif torch.is_tensor(value) and (not torch.is_tensor(got[key]) or got[key].shape != value.shape):
+            shape = tuple(got[key].shape) if torch.is_tensor(got[key]) else type(got[key]).__name__
+            raise CheckpointError(f"the checkpoint's {what} state does not fit this run: {prefix}{key} has shape "
+                                  f"{shape}, this run's has {tuple(value.shape)}")
+
+
+# ---------------------------------------------------------------------------------------- RNG
 def rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -90,29 +341,3 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def copy_checkpoint(comm, src: str | Path, dst: str | Path) -> None:
-    """Collective: rank 0 copies a finished checkpoint (e.g. last.pt -> best.pt), atomically."""
-    if comm.rank == 0:
-        with open(src, "rb") as f_src:
-            atomic_write(dst, lambda f: shutil.copyfileobj(f_src, f))
-    comm.barrier()
-
-
-def atomic_save(obj: dict, path: str | Path) -> None:
-    atomic_write(path, lambda f: torch.save(obj, f))
-
-
-def load_checkpoint(path: str | Path) -> dict:
-    """Read a checkpoint on the CPU; a clear error if it is missing or not one of ours."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as e:  # a truncated or foreign file
-        raise ValueError(f"checkpoint {path} cannot be read: {e}") from e
-    if not isinstance(ckpt, dict) or ckpt.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path} is not a checkpoint of this project (format_version {FORMAT_VERSION})")
-    return ckpt

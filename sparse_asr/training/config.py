@@ -12,6 +12,7 @@ from (the YAML file that set it, or the command-line override).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import time
@@ -65,8 +66,9 @@ class TrainConfig:
     log_every_steps: int = 10
     max_nonfinite_in_row: int = 5  # stop the run after this many skipped (non-finite) steps in a row
     checksum_every: int = 0  # debug: check every N steps that all replicas hold identical parameters (0 = off)
-    checkpoint_every_steps: int = 0  # also write last.pt every N optimizer steps (0 = only at epoch ends)
-    resume: str = ""  # checkpoint to continue from ("" = start fresh)
+    checkpoint_every_steps: int = 0  # also checkpoint every N optimizer steps (0 = only at epoch ends)
+    keep_checkpoints: int = 2  # newest step checkpoints kept on disk (plus the ones last and best point at)
+    resume: str = ""  # run or checkpoint directory to continue; "auto" = continue `name` if it has a checkpoint
     threads: int = 0  # torch CPU threads per rank; 0 = OMP_NUM_THREADS if set, else cores / ranks on the node
     # fp32, or bf16: forward and loss under torch.autocast(bfloat16). Master weights, the flat gradient
     # buffer, communication and evaluation stay float32 (CTC loss takes float32 log-probabilities).
@@ -131,6 +133,14 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
     if path is not None:
         source = str(path)
         raw, files = read_config_file(Path(path))
+    return build_config(raw, overrides, source, files)
+
+
+def build_config(raw: dict, overrides: typing.Sequence[str] = (), source: str = "defaults",
+                 files: dict[str, str] | None = None) -> Config:
+    """A config from nested sections (a config file's content, or a checkpoint's own config), with
+    `a.b=value` overrides applied and everything validated; errors name the file, `source` or the override."""
+    raw, files = copy.deepcopy(raw), files or {}
     origins: dict[str, str] = {}  # dotted key -> the override text that set it
     for text in overrides:
         key, value = parse_override(text)
@@ -301,6 +311,7 @@ def _check_values(cfg: Config, where) -> None:
     require(t.max_nonfinite_in_row >= 1, "train.max_nonfinite_in_row", "must be >= 1")
     require(t.checksum_every >= 0, "train.checksum_every", "must be >= 0")
     require(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", "must be >= 0")
+    require(t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
     require(t.threads >= 0, "train.threads", "must be >= 0")
     require(t.precision in ("fp32", "bf16"), "train.precision", "must be fp32 or bf16")
     require(cfg.data.num_workers >= 0, "data.num_workers", "must be >= 0")

@@ -25,14 +25,17 @@ class RunLogger:
         self.enabled = enabled
         self.writer = None
         self.jsonl = None
+        self.rows = 0  # lines in metrics.jsonl (a checkpoint records it; a resume keeps that many)
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
             run_dir = Path(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
-            # purge_step: on resume, drop events a crashed run wrote after the checkpoint
+            # purge_step: on resume, TensorBoard readers drop the events a crashed run wrote at steps >= it
             self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
-            self.jsonl = open(run_dir / "metrics.jsonl", "a")
+            path = run_dir / "metrics.jsonl"
+            self.rows = len(path.read_bytes().splitlines()) if path.exists() else 0
+            self.jsonl = open(path, "a")
 
     def info(self, message: str) -> None:
         if self.enabled:
@@ -55,6 +58,7 @@ class RunLogger:
         line = {"kind": kind, "step": step, "epoch": epoch, "time": time.time(), **finite}
         self.jsonl.write(json.dumps(line, allow_nan=False) + "\n")
         self.jsonl.flush()
+        self.rows += 1
 
     def close(self) -> None:
         if self.enabled:

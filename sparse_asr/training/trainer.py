@@ -22,7 +22,7 @@ from sparse_asr.data.dataset import BucketingSampler, make_loader
 from sparse_asr.data.text import BLANK
 from sparse_asr.models.sync_batchnorm import COUNT_AS as SYNCBN_OP
 from sparse_asr.training import replicas
-from sparse_asr.training.checkpoint import (Progress, RankState, TrainingState, copy_checkpoint, rng_state,
+from sparse_asr.training.checkpoint import (Progress, RankState, TrainingState, check_state_fits, rng_state,
                                             save_training_state, set_rng_state)
 from sparse_asr.training.config import Config, to_dict
 from sparse_asr.training.evaluation import evaluate
@@ -34,7 +34,8 @@ from sparse_asr.training.optim import (attach_flat_grad, build_optimizer, clip_g
 
 class Trainer:
     def __init__(self, cfg: Config, comm, model, train_set, dev_set, test_set, device, logger: RunLogger):
-        from sparse_asr.compression import build_compressor, warmup_steps
+        """Collective: every replica starts from rank 0's model (load_training_state may replace it)."""
+        from sparse_asr.compression import warmup_steps
 
         self.cfg, self.comm, self.device, self.log = cfg, comm, torch.device(device), logger
         self.model = model.to(self.device)
@@ -48,14 +49,20 @@ class Trainer:
                                         seed=cfg.seed, shuffle=True, drop_last=True)
         self.steps_per_epoch = self.sampler.batches_per_epoch
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
-        c = cfg.compression
-        self.exchange = build_compressor(c.algorithm, comm, self.flat_grad.numel(), c.density, self.device,
-                                         shapes=[p.shape for p in self.params],
-                                         warmup=warmup_steps(c.warmup_steps, self.total_steps), **c.options)
+        self.warmup = warmup_steps(cfg.compression.warmup_steps, self.total_steps)
+        self.exchange = self.build_exchange(self.warmup)
         self.progress = Progress()
         self.cum_bytes_recv = 0.0  # this rank's, since the run started
         self.window, self.epoch_window = MetricWindow(), MetricWindow()
         self.syncbn_bytes_logged = comm.counts(SYNCBN_OP).bytes_recv  # the Communicator's, at the last log line
+        replicas.broadcast_state(comm, self.model, self.optimizer)
+
+    def build_exchange(self, warmup: int):
+        from sparse_asr.compression import build_compressor
+
+        c = self.cfg.compression
+        return build_compressor(c.algorithm, self.comm, self.flat_grad.numel(), c.density, self.device,
+                                shapes=[p.shape for p in self.params], warmup=warmup, **c.options)
 
     # ------------------------------------------------------------------------------ the step
     def forward_loss(self, batch) -> torch.Tensor:
@@ -98,7 +105,6 @@ class Trainer:
         """Train for the configured epochs (from wherever a resumed run left off); returns the
         last dev and test summaries."""
         cfg, log, progress = self.cfg, self.log, self.progress
-        replicas.broadcast_state(self.comm, self.model, self.optimizer)
         log.info(f"{self.total_steps} optimizer steps ({self.steps_per_epoch} per epoch, global batch "
                  f"{cfg.train.global_batch_size} on {self.comm.size} rank(s)); {self.flat_grad.numel():,} "
                  f"parameters; gradient exchange: {self.exchange.describe()}")
@@ -128,8 +134,9 @@ class Trainer:
                     self.log_window()
                 if cfg.train.checksum_every and progress.step % cfg.train.checksum_every == 0:
                     replicas.check_replicas(self.comm, self.params, progress.step)
-                if cfg.train.checkpoint_every_steps and progress.step % cfg.train.checkpoint_every_steps == 0:
-                    self.save("last.pt")
+                every = cfg.train.checkpoint_every_steps
+                if every and progress.step % every == 0 and progress.batch_in_epoch < self.steps_per_epoch:
+                    self.save()  # (the epoch's last batch: the epoch-end checkpoint follows)
             progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
             self.log_epoch()
             if not cfg.model.sync_batchnorm:  # synchronized BatchNorm keeps them identical already
@@ -140,9 +147,7 @@ class Trainer:
                 results["dev"] = self.evaluate_set("val", self.dev_set)
                 improved = results["dev"].get("wer", math.inf) < progress.best_wer
                 progress.best_wer = min(progress.best_wer, results["dev"].get("wer", math.inf))
-            self.save("last.pt")
-            if improved:
-                copy_checkpoint(self.comm, self.checkpoint_dir / "last.pt", self.checkpoint_dir / "best.pt")
+            self.save(best=improved)
         if self.test_set is not None:
             results["test"] = self.evaluate_set("test", self.test_set)
         return results
@@ -218,10 +223,20 @@ class Trainer:
         buffers = {k: v.detach().cpu().clone() for k, v in self.model.named_buffers() if v.is_floating_point()}
         mine = RankState(compressor=self.exchange.state_dict(), rng=rng_state(), buffers=buffers,
                          cum_bytes_recv=self.cum_bytes_recv, epoch_window=self.epoch_window.state_dict())
+        # The warm-up length is fixed at the start ('auto' depends on train.epochs, which a resume may change);
+        # metrics_rows: the metrics.jsonl lines written so far (a resume drops the lines after them).
         return TrainingState(config=to_dict(self.cfg), model=self.model.state_dict(),
-                             optimizer=self.optimizer.state_dict(), progress=self.progress, mine=mine)
+                             optimizer=self.optimizer.state_dict(), progress=self.progress, mine=mine,
+                             extra={"warmup_steps": self.warmup, "metrics_rows": self.log.rows})
 
     def load_training_state(self, state: TrainingState) -> None:
+        """Continue from a checkpoint; a clear CheckpointError if it does not fit this run (model shapes, the
+        compressor's state). Each rank takes its own BatchNorm statistics (after the start-up broadcast)."""
+        if state.extra["warmup_steps"] != self.warmup:
+            self.warmup = state.extra["warmup_steps"]
+            self.exchange = self.build_exchange(self.warmup)
+        check_state_fits("model", self.model.state_dict(), {**state.model, **state.mine.buffers})
+        check_state_fits("compressor", self.exchange.state_dict(), state.mine.compressor)
         self.model.load_state_dict({**state.model, **state.mine.buffers})
         self.optimizer.load_state_dict(state.optimizer)
         self.exchange.load_state_dict(state.mine.compressor)
@@ -230,6 +245,8 @@ class Trainer:
         self.epoch_window.load_state_dict(state.mine.epoch_window)
         self.progress = Progress(**vars(state.progress))
 
-    def save(self, filename: str) -> None:
-        """Collective. Everything needed to continue exactly: see training/checkpoint.py."""
-        save_training_state(self.comm, self.checkpoint_dir / filename, self.training_state())
+    def save(self, best: bool = False) -> None:
+        """Collective: checkpoints/step-N/ with everything needed to continue exactly (training/checkpoint.py);
+        `best` also points checkpoints/best at it."""
+        save_training_state(self.comm, self.checkpoint_dir, self.training_state(),
+                            keep=self.cfg.train.keep_checkpoints, best=best)

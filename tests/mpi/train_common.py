@@ -2,7 +2,9 @@
 training runs of lstman4_tiny on a few real AN4 utterances, driven through train.py's own `run`."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,12 +27,13 @@ def tiny_overrides(manifests: Path, out_dir: Path, name: str, **settings) -> lis
     return [f"{k}={v}" for k, v in values.items()]
 
 
-def run_training(overrides: list[str], comm=None, resume: str = "") -> dict:
-    """train.py's run() in this process (no abort on error: the exception propagates)."""
+def run_training(overrides: list[str], comm=None, resume: str = "", config: Path | None = SMOKE_CONFIG) -> dict:
+    """train.py's run() in this process (no abort on error: the exception propagates); config=None with
+    `resume`: the run's own config."""
     import train
     from sparse_asr.comm import Communicator
 
-    argv = ["--config", str(SMOKE_CONFIG), *overrides] + (["--resume", resume] if resume else [])
+    argv = (["--config", str(config)] if config else []) + overrides + (["--resume", resume] if resume else [])
     return train.run(train.parse_args(argv), comm or Communicator())
 
 
@@ -57,10 +60,35 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def step_losses(run_dir: Path) -> dict[int, float]:
-    """train/loss per optimizer step (with log_every_steps=1); a step logged twice (a run that crashed
-    after its last checkpoint, then resumed) keeps the later value."""
+    """train/loss per optimizer step (with log_every_steps=1); a step logged twice keeps the later value."""
     return {m["step"]: m["train/loss"] for m in read_metrics(run_dir) if "train/loss" in m}
 
 
 def epoch_losses(run_dir: Path) -> list[float]:
     return [m["epoch/loss"] for m in read_metrics(run_dir) if m["kind"] == "epoch"]
+
+
+def assert_one_row_per_kind_and_step(run_dir: Path) -> None:
+    rows = [(m["kind"], m["step"]) for m in read_metrics(run_dir)]
+    assert len(rows) == len(set(rows)), f"rows logged twice: {sorted(r for r in rows if rows.count(r) > 1)}"
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file (SHA-256) and link (its target) under root: a byte-exact picture of a run directory."""
+    out = {}
+    for path in sorted(Path(root).rglob("*")):
+        key = str(path.relative_to(root))
+        if path.is_symlink():
+            out[key] = "-> " + os.readlink(path)
+        elif path.is_file():
+            out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[key] = "dir"
+    return out
+
+
+def flip_byte(path: Path) -> None:
+    """Flip one bit in the middle of a file (silent corruption)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))

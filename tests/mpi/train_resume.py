@@ -1,20 +1,28 @@
-"""Under mpiexec: 2 epochs == 1 epoch + resume + 1 epoch, with a sparse compressor whose per-rank
-state (error-feedback residual, thresholds, ...) must travel through the checkpoint.
+"""Under mpiexec: a job that dies mid-epoch and is resumed from its run directory continues exactly
+like an uninterrupted run, with every rank's own state (compressor residuals and thresholds,
+BatchNorm statistics) taken from its own shard of the checkpoint.
 
     mpiexec -n P python -m tests.mpi.train_resume MANIFEST_DIR OUT_DIR ALGORITHM
 
-Every rank compares its own compressor state in both final checkpoints; rank 0 compares the
-per-step losses and the parameters. Any failure aborts the whole job (non-zero exit).
+'full' trains 2 epochs (4 steps each) with a checkpoint every 3 steps; 'crashed' is the same run, but
+every rank raises after step 7, one step after the mid-epoch checkpoint of step 6 (whose BatchNorm
+statistics differ between ranks); it is then resumed with `--resume RUN_DIR` and its own config.
+Every rank compares its state in both final checkpoints; rank 0 the per-step losses, dev/test results
+and metrics.jsonl (one row per kind and step). With P > 1, resuming a copy whose rank1.pt has one
+flipped byte is refused on every rank naming that file, and leaves the copy unchanged.
 """
+import shutil
 import sys
 from pathlib import Path
 
 import torch
 
 from sparse_asr.comm import Communicator
-from tests.mpi.train_common import run_training, step_losses, tiny_overrides
-from sparse_asr.training.checkpoint import load_checkpoint
+from sparse_asr.training.checkpoint import CheckpointError, load_training_state
 from sparse_asr.training.runtime import run_or_abort
+from sparse_asr.training.trainer import Trainer
+from tests.mpi.train_common import (assert_one_row_per_kind_and_step, flip_byte, read_metrics, run_training,
+                                   step_losses, tiny_overrides, tree_digest)
 
 
 def assert_same(a, b, where):
@@ -30,32 +38,76 @@ def assert_same(a, b, where):
         assert a == b, (where, a, b)
 
 
+def crash_after_step_7(original):
+    def train_step(self, batch):
+        if self.progress.step == 7:  # every rank, as when the job is killed
+            raise RuntimeError("simulated crash")
+        return original(self, batch)
+    return train_step
+
+
 def main(comm, manifests, out_dir, algorithm):
     torch.set_num_threads(1)
     out = Path(out_dir)
     settings = dict(compression__algorithm=algorithm, compression__density=0.05, compression__warmup_steps=2,
                     train__epochs=2, train__global_batch_size=4 * comm.size, optim__lr=1e-3,
-                    data__max_train_utterances=16 * comm.size, train__eval_every_epochs=1)
+                    data__max_train_utterances=16 * comm.size, train__eval_every_epochs=1,
+                    train__checkpoint_every_steps=3)
     full = run_training(tiny_overrides(manifests, out, "full", **settings), comm)
-    run_training(tiny_overrides(manifests, out, "parts", **{**settings, "train__epochs": 1}), comm)
-    resumed = run_training(tiny_overrides(manifests, out, "parts", **settings), comm,
-                           resume=str(out / "parts" / "checkpoints" / "last.pt"))
 
-    a = load_checkpoint(out / "full" / "checkpoints" / "last.pt")
-    b = load_checkpoint(out / "parts" / "checkpoints" / "last.pt")
-    mine_a, mine_b = a["ranks"][comm.rank], b["ranks"][comm.rank]
-    assert mine_a["compressor"]["inner"]["residual"].abs().sum() > 0, "the residual should hold something after sparse steps"
-    assert_same(mine_a["compressor"], mine_b["compressor"], f"rank {comm.rank} compressor")
-    assert_same(mine_a["cum_bytes_recv"], mine_b["cum_bytes_recv"], "cum_bytes_recv")
+    original = Trainer.train_step
+    Trainer.train_step = crash_after_step_7(original)
+    try:
+        run_training(tiny_overrides(manifests, out, "crashed", **settings), comm)
+        raise AssertionError("the crashed run did not crash")
+    except RuntimeError as e:
+        assert "simulated crash" in str(e), e
+    finally:
+        Trainer.train_step = original
+    crashed = out / "crashed"
+    mid = load_training_state(comm, crashed)
+    assert (mid.progress.step, mid.progress.epoch, mid.progress.batch_in_epoch) == (6, 1, 2), mid.progress
+    bn_sums = comm.allgather_object(sum(float(v.double().sum()) for v in mid.mine.buffers.values()))
+    if comm.size > 1:  # what makes the order of broadcast and restore matter
+        assert len(set(bn_sums)) == comm.size, f"mid-epoch BatchNorm statistics should differ per rank: {bn_sums}"
+    resumed = run_training([], comm, resume=str(crashed), config=None)
+
+    a, b = load_training_state(comm, out / "full"), load_training_state(comm, crashed)
+    assert a.mine.compressor["inner"]["residual"].abs().sum() > 0, "the residual should hold something after sparse steps"
+    assert_same(a.mine.compressor, b.mine.compressor, f"rank {comm.rank} compressor")
+    assert_same(a.mine.buffers, b.mine.buffers, f"rank {comm.rank} BatchNorm statistics")
+    assert_same(a.mine.cum_bytes_recv, b.mine.cum_bytes_recv, "cum_bytes_recv")
+    assert_same(a.model, b.model, "model")
+    assert_same(a.optimizer, b.optimizer, "optimizer")
+    assert_same(vars(a.progress), vars(b.progress), "progress")
+    assert_same(full, resumed, "dev/test results")
     if comm.rank == 0:
-        assert_same(a["model"], b["model"], "model")
-        assert_same(a["progress"], b["progress"], "progress")
-        la, lb = step_losses(out / "full"), step_losses(out / "parts")
+        la, lb = step_losses(out / "full"), step_losses(crashed)
         assert sorted(la) == sorted(lb) == list(range(1, 9)), (sorted(la), sorted(lb))
         for step in la:
             assert abs(la[step] - lb[step]) <= 1e-6 * abs(la[step]), (step, la[step], lb[step])
-        assert_same(full, resumed, "dev/test results")
-        print(f"{algorithm}: P={comm.size} resume == uninterrupted over {len(la)} steps", flush=True)
+        assert_one_row_per_kind_and_step(crashed)
+        assert len(read_metrics(crashed)) == len(read_metrics(out / "full"))
+        print(f"{algorithm}: P={comm.size} resume after a mid-epoch crash == uninterrupted over {len(la)} steps "
+              f"(dev {resumed['dev']['loss']:.6f}, test {resumed['test']['loss']:.6f})", flush=True)
+
+    if comm.size > 1:
+        copy = out / "corrupt"
+        if comm.rank == 0:
+            shutil.copytree(crashed, copy, symlinks=True)
+            flip_byte(copy / "checkpoints" / "last" / "rank1.pt")
+        comm.barrier()
+        before = tree_digest(copy) if comm.rank == 0 else None
+        try:
+            run_training(["train.epochs=3"], comm, resume=str(copy), config=None)
+            raise AssertionError("a corrupted shard was accepted")
+        except CheckpointError as e:
+            assert "rank1.pt is corrupted" in str(e), e
+        comm.barrier()
+        if comm.rank == 0:
+            assert tree_digest(copy) == before
+            print(f"P={comm.size}: a flipped byte in rank1.pt is refused on every rank; run directory unchanged",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,114 @@
+"""Continuing a run: which checkpoint, which run directory, which config (DESIGN 8).
+
+    train.py --resume runs/NAME                        the run's newest checkpoint (runs/NAME/checkpoints/last)
+    train.py --resume runs/NAME/checkpoints/step-N     any of its checkpoints
+    train.py --config C name=NAME --resume auto        continue runs/NAME if it has a checkpoint, else start it
+
+A resumed run continues in the directory its checkpoint lives in (wherever the run was moved to), with
+the config stored in the checkpoint. Overrides (and a --config file) may change only the keys in
+SAFE_TO_CHANGE; anything else is refused, naming the keys. Only drop_metrics_after writes, and
+train.py calls it once the checkpoint has been checked on every rank.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+from sparse_asr.fileio import atomic_write
+from sparse_asr.training.checkpoint import CheckpointError, complete_checkpoints, find_checkpoint, read_manifest
+from sparse_asr.training.config import (Config, ConfigError, build_config, flatten, load_config, parse_override,
+                                        resolve_world_size, to_dict)
+
+# Keys that change how a run is watched or how long it goes on, not what it computes step by step.
+SAFE_TO_CHANGE = ("train.epochs", "train.eval_every_epochs", "train.eval_batch_size", "train.log_every_steps",
+                  "train.checkpoint_every_steps", "train.keep_checkpoints", "train.checksum_every",
+                  "train.max_nonfinite_in_row", "train.threads", "data.num_workers", "distributed.cuda_aware_mpi")
+# Keys that describe where and how the run was started, not its training: never compared.
+LOCATION_KEYS = ("name", "out_dir", "train.resume", "distributed.world_size")
+
+
+def config_for_run(config_path: str | None, overrides: list[str], resume: str, world_size: int) -> tuple[Config, str]:
+    """The config this job runs and the checkpoint directory it continues from ("" = a fresh start).
+    `resume`: "" (then train.resume of the config), a run or checkpoint directory, or "auto"."""
+    requested = load_config(config_path, overrides) if config_path else None
+    resume = resume or (requested.train.resume if requested else "")
+    if not resume:
+        if requested is None:
+            raise ConfigError("--config is required to start a run (only --resume RUN_DIR may leave it out)")
+        return requested, ""
+    asked = resume
+    if resume == "auto":
+        if requested is None or not requested.name:
+            raise ConfigError("--resume auto (train.resume=auto) needs --config and an explicit run name "
+                              "(name=NAME): it continues OUT_DIR/NAME if that has a checkpoint, else starts it")
+        if not (requested.run_dir / "checkpoints" / "last").exists():
+            return dataclasses.replace(requested, train=dataclasses.replace(requested.train, resume=asked)), ""
+        resume = str(requested.run_dir)
+    directory = find_checkpoint(resume)
+    manifest = read_manifest(directory)
+    if manifest["world_size"] != world_size:
+        raise CheckpointError(f"checkpoint {directory} was written by {manifest['world_size']} ranks but this job "
+                              f"has {world_size}: per-rank compressor state (residuals) cannot be redistributed; "
+                              f"launch it with mpiexec -n {manifest['world_size']}")
+    run_dir = run_dir_of(directory)
+    newer = newer_checkpoints(directory)
+    if newer:
+        raise CheckpointError(f"checkpoint {directory} is not the newest of {run_dir}: continuing from it would mix "
+                              f"two histories in metrics.jsonl and TensorBoard; move or delete the newer "
+                              f"{', '.join(d.name for d in newer)} first")
+    saved = manifest["config"]
+    if requested is None:
+        requested = build_config(saved, overrides, source=f"{directory / 'manifest.json'}")
+    check_location(requested, overrides, run_dir)
+    old, new = flatten(saved), flatten(to_dict(resolve_world_size(requested, world_size)))
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in LOCATION_KEYS)
+    unsafe = [k for k in changed if k not in SAFE_TO_CHANGE]
+    if unsafe:
+        raise ConfigError(f"cannot resume {run_dir} with another configuration: "
+                          + "; ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in unsafe)
+                          + f". Only these keys may change when resuming: {', '.join(SAFE_TO_CHANGE)}"
+                          + " (start a new run to change anything else)")
+    raw = copy.deepcopy(saved)
+    for key, value in [*((k, new[k]) for k in changed), ("name", run_dir.name), ("out_dir", str(run_dir.parent)),
+                       ("train.resume", asked)]:
+        *sections, last = key.split(".")
+        node = raw
+        for section in sections:
+            node = node[section]
+        node[last] = value
+    return build_config(raw, source=str(directory / "manifest.json")), str(directory)
+
+
+def run_dir_of(directory: Path) -> Path:
+    """RUN_DIR of a checkpoint directory RUN_DIR/checkpoints/step-N."""
+    if directory.parent.name != "checkpoints":
+        raise CheckpointError(f"checkpoint {directory} is not inside a run's checkpoints/ directory, so the run "
+                              f"to continue is unknown (evaluate.py can still read it)")
+    return directory.parent.parent
+
+
+def check_location(requested: Config, overrides: list[str], run_dir: Path) -> None:
+    """A name or out_dir given on the command line must agree with where the run is."""
+    given = {parse_override(o)[0] for o in overrides}
+    if ("name" in given and requested.name != run_dir.name) or \
+            ("out_dir" in given and Path(requested.out_dir).resolve() != run_dir.parent.resolve()):
+        raise ConfigError(f"a resumed run continues where its checkpoint lives ({run_dir}); name={requested.name} "
+                          f"out_dir={requested.out_dir} points elsewhere (copy the run directory to move it)")
+
+
+def newer_checkpoints(directory: Path) -> list[Path]:
+    """The run's finished checkpoints newer than `directory` (resuming from it would abandon them)."""
+    step = int(directory.name.split("-", 1)[1])
+    return [d for d in complete_checkpoints(directory.parent) if int(d.name.split("-", 1)[1]) > step]
+
+
+def drop_metrics_after(run_dir: Path, rows: int) -> int:
+    """Keep the first `rows` lines of run_dir/metrics.jsonl (the ones written before the checkpoint; a
+    crashed run may have written more), rewritten atomically. Returns how many lines were dropped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True) if path.exists() else []
+    if len(lines) <= rows:
+        return 0
+    atomic_write(path, lambda f: f.writelines(lines[:rows]))
+    return len(lines) - rows
