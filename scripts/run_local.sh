@@ -1,22 +1,43 @@
 #!/usr/bin/env bash
 # The main job on one machine: set up the environment, prepare AN4, train with P MPI ranks.
 #
-#   bash scripts/run_local.sh [-n P] [-c CONFIG] [key.sub=value ...]
+#   bash scripts/run_local.sh [-n P] [-c CONFIG] [--resume RUN_DIR|auto] [--dry-run] [key.sub=value ...]
 #   bash scripts/run_local.sh                                   # configs/an4_cpu.yaml, 1 process
 #   bash scripts/run_local.sh -n 2 compression.algorithm=oktopk compression.density=0.02
+#   bash scripts/run_local.sh -n 2 --resume runs/NAME train.epochs=40   # continue a run with its own config
+#   bash scripts/run_local.sh -n 2 --resume auto name=NAME      # continue runs/NAME if it has a checkpoint
 #
 # Dev WER is printed after every evaluation; the run (config.yaml, TensorBoard events, metrics.jsonl,
-# checkpoints) lands in runs/<name>/ -- watch it with: .venv/bin/tensorboard --logdir runs
+# checkpoints/) lands in runs/<name>/ -- watch it with: .venv/bin/tensorboard --logdir runs
+# --dry-run prints the training command instead of setting up and running it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/args.sh  # shell_join
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 NPROCS=1
 CONFIG=configs/an4_cpu.yaml
+CONFIG_GIVEN=""
+RESUME=""
+DRY_RUN=""
+rest=()  # the long options are taken out here; getopts reads the short ones
+while (($#)); do
+    case "$1" in
+        --resume)
+            if (($# < 2)) || [ -z "$2" ]; then
+                echo "run_local.sh: --resume needs a run directory, a checkpoint directory or 'auto'" >&2; exit 2
+            fi
+            RESUME=$2; shift 2 ;;
+        --resume=*) RESUME=${1#--resume=}; shift ;;
+        --dry-run) DRY_RUN=1; shift ;;
+        *) rest+=("$1"); shift ;;
+    esac
+done
+set -- "${rest[@]+"${rest[@]}"}"
 while getopts "n:c:h" opt; do
     case "$opt" in
         n) NPROCS=$OPTARG ;;
-        c) CONFIG=$OPTARG ;;
+        c) CONFIG=$OPTARG; CONFIG_GIVEN=1 ;;
         h) usage; exit 0 ;;
         *) usage >&2; exit 2 ;;
     esac
@@ -25,14 +46,30 @@ shift $((OPTIND - 1))
 if ! [[ "$NPROCS" =~ ^[1-9][0-9]*$ ]]; then
     echo "run_local.sh: -n must be a positive integer, got '$NPROCS'" >&2; exit 2
 fi
-if [ ! -f "$CONFIG" ]; then
-    echo "run_local.sh: config file '$CONFIG' does not exist" >&2; exit 2
+# Resuming a run directory uses the run's own saved config unless -c names one (then it must agree).
+TRAIN_ARGS=()
+if [ -z "$RESUME" ] || [ "$RESUME" = auto ] || [ -n "$CONFIG_GIVEN" ]; then
+    if [ ! -f "$CONFIG" ]; then
+        echo "run_local.sh: config file '$CONFIG' does not exist" >&2; exit 2
+    fi
+    TRAIN_ARGS+=(--config "$CONFIG")
+fi
+if [ -n "$RESUME" ]; then
+    if [ "$RESUME" != auto ] && [ ! -e "$RESUME" ]; then
+        echo "run_local.sh: --resume: '$RESUME' does not exist (give a run directory, e.g. runs/NAME)" >&2; exit 2
+    fi
+    TRAIN_ARGS+=(--resume "$RESUME")
 fi
 for override in "$@"; do
     if ! [[ "$override" =~ ^[A-Za-z_][A-Za-z0-9_.]*=.*$ ]]; then
         echo "run_local.sh: '$override' is not a key.sub=value override" >&2; exit 2
     fi
 done
+
+if [ -n "$DRY_RUN" ]; then
+    shell_join .venv/bin/mpiexec -n "$NPROCS" .venv/bin/python train.py "${TRAIN_ARGS[@]}" "$@"
+    exit 0
+fi
 
 bash scripts/setup.sh
 
@@ -48,5 +85,5 @@ if [ -z "${OMP_NUM_THREADS:-}" ]; then
     OMP_NUM_THREADS=$(( cores / NPROCS > 0 ? cores / NPROCS : 1 ))
     export OMP_NUM_THREADS
 fi
-echo "run_local.sh: $NPROCS rank(s), $OMP_NUM_THREADS thread(s) each, config $CONFIG $*"
-exec .venv/bin/mpiexec -n "$NPROCS" .venv/bin/python train.py --config "$CONFIG" "$@"
+echo "run_local.sh: $NPROCS rank(s), $OMP_NUM_THREADS thread(s) each, ${TRAIN_ARGS[*]} $*"
+exec .venv/bin/mpiexec -n "$NPROCS" .venv/bin/python train.py "${TRAIN_ARGS[@]}" "$@"
