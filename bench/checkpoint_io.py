@@ -2,6 +2,7 @@
 replaced, for a model with a per-rank Ok-Topk state (residual, thresholds, boundaries).
 
     .venv/bin/mpiexec -n 8 .venv/bin/python bench/checkpoint_io.py [--model lstman4] [--repeats 3] [--out DIR]
+                                                                   [--json FILE]
 
 sharded:   save_training_state (each rank writes rank{r}.pt, rank 0 shared.pt and the manifest) and
            load_training_state (every file verified against its SHA-256).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import pickle
 import resource
@@ -113,6 +115,7 @@ def main(argv=None) -> int:
     parser.add_argument("--density", type=float, default=0.02)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/checkpoint_io"))
+    parser.add_argument("--json", type=Path, help="also write the measurements here")
     args = parser.parse_args(argv)
     comm = Communicator()
     run_or_abort(comm, run, args, comm)
@@ -165,6 +168,12 @@ def run(args, comm) -> None:
     sharded_total = sum(f.stat().st_size for f in last.iterdir())
     gathered = gathered_file.stat().st_size
     median = {k: statistics.median(v) for k, v in times.items()}
+    if args.json:
+        args.json.write_text(json.dumps({
+            "P": P, "model": args.model, "parameters": numel, "seconds": times, "best_by_copy": best_copy,
+            "best_by_link": best_link, "bytes": {"shard": shard, "shared": shared, "sharded_total": sharded_total,
+                                                 "gathered": gathered, "pickled_per_rank": pickled},
+            "peak_rss_gb": rss}, indent=1))
     gb = 1e9
     print(f"# Checkpoint I/O: {args.model} ({numel / 1e6:.1f}M parameters), Ok-Topk state, P = {P}\n")
     print(f"`mpiexec -n {P} bench/checkpoint_io.py --model {args.model} --repeats {args.repeats}`: {P} ranks, "

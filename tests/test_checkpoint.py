@@ -207,6 +207,7 @@ def test_resume_by_run_directory_uses_the_saved_config_where_the_run_now_lives(s
     assert (cfg.train.epochs, cfg.train.log_every_steps, cfg.train.resume) == (5, 7, str(moved))
     saved = json.loads((moved / "checkpoints" / "last" / MANIFEST).read_text())["config"]
     assert cfg.model.name == saved["model"]["name"] and cfg.seed == saved["seed"]
+    assert config_for_run(None, [f"train.resume={moved}"], "", 1)[1] == checkpoint  # as a config key too
     # The same through a --config file: keys that differ from the saved config must be safe ones.
     cfg2, _ = config_for_run(str(SMOKE_CONFIG), ["train.epochs=5"], str(moved / "checkpoints" / "last"), 1)
     assert cfg2.train.epochs == 5 and cfg2.run_dir.resolve() == moved.resolve()

@@ -82,6 +82,12 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def step_of(directory: Path) -> int | None:
+    """N of a step-N directory name, None for any other name."""
+    prefix, _, digits = Path(directory).name.partition("-")
+    return int(digits) if prefix == "step" and digits.isdigit() else None
+
+
 # ---------------------------------------------------------------------------------------- saving
 def save_training_state(comm, checkpoint_dir: str | Path, state: TrainingState, keep: int = 1,
                         best: bool = False) -> Path:
@@ -187,8 +193,12 @@ def resolve_link(path: Path) -> Path | None:
 
 def complete_checkpoints(checkpoint_dir: Path) -> list[Path]:
     """The finished step directories (with a manifest), oldest first."""
-    dirs = [d for d in Path(checkpoint_dir).glob("step-*") if d.is_dir() and (d / MANIFEST).is_file()]
-    return sorted(dirs, key=lambda d: int(d.name.split("-", 1)[1]))
+    dirs = [d for d in step_dirs(checkpoint_dir) if (d / MANIFEST).is_file()]
+    return sorted(dirs, key=step_of)
+
+
+def step_dirs(checkpoint_dir: Path) -> list[Path]:
+    return [d for d in Path(checkpoint_dir).glob("step-*") if d.is_dir() and step_of(d) is not None]
 
 
 def prune(checkpoint_dir: Path, keep: int) -> None:
@@ -197,8 +207,8 @@ def prune(checkpoint_dir: Path, keep: int) -> None:
     complete = complete_checkpoints(checkpoint_dir)
     linked = {resolve_link(checkpoint_dir / name) for name in ("last", "best")}
     kept = {d.resolve() for d in complete[-keep:]} | linked
-    for d in checkpoint_dir.glob("step-*"):
-        if d.is_dir() and d.resolve() not in kept:
+    for d in step_dirs(checkpoint_dir):
+        if d.resolve() not in kept:
             shutil.rmtree(d)
 
 

@@ -16,7 +16,8 @@ import dataclasses
 from pathlib import Path
 
 from sparse_asr.fileio import atomic_write
-from sparse_asr.training.checkpoint import CheckpointError, complete_checkpoints, find_checkpoint, read_manifest
+from sparse_asr.training.checkpoint import (CheckpointError, complete_checkpoints, find_checkpoint, read_manifest,
+                                            step_of)
 from sparse_asr.training.config import (Config, ConfigError, build_config, flatten, load_config, parse_override,
                                         resolve_world_size, to_dict)
 
@@ -32,7 +33,8 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str, w
     """The config this job runs and the checkpoint directory it continues from ("" = a fresh start).
     `resume`: "" (then train.resume of the config), a run or checkpoint directory, or "auto"."""
     requested = load_config(config_path, overrides) if config_path else None
-    resume = resume or (requested.train.resume if requested else "")
+    given = dict(parse_override(o) for o in overrides)
+    resume = resume or (requested.train.resume if requested else str(given.get("train.resume") or ""))
     if not resume:
         if requested is None:
             raise ConfigError("--config is required to start a run (only --resume RUN_DIR may leave it out)")
@@ -52,7 +54,7 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str, w
                               f"has {world_size}: per-rank compressor state (residuals) cannot be redistributed; "
                               f"launch it with mpiexec -n {manifest['world_size']}")
     run_dir = run_dir_of(directory)
-    newer = newer_checkpoints(directory)
+    newer = newer_checkpoints(directory, manifest["step"])
     if newer:
         raise CheckpointError(f"checkpoint {directory} is not the newest of {run_dir}: continuing from it would mix "
                               f"two histories in metrics.jsonl and TensorBoard; move or delete the newer "
@@ -90,17 +92,17 @@ def run_dir_of(directory: Path) -> Path:
 
 def check_location(requested: Config, overrides: list[str], run_dir: Path) -> None:
     """A name or out_dir given on the command line must agree with where the run is."""
-    given = {parse_override(o)[0] for o in overrides}
+    given = dict(parse_override(o) for o in overrides)
     if ("name" in given and requested.name != run_dir.name) or \
             ("out_dir" in given and Path(requested.out_dir).resolve() != run_dir.parent.resolve()):
         raise ConfigError(f"a resumed run continues where its checkpoint lives ({run_dir}); name={requested.name} "
                           f"out_dir={requested.out_dir} points elsewhere (copy the run directory to move it)")
 
 
-def newer_checkpoints(directory: Path) -> list[Path]:
-    """The run's finished checkpoints newer than `directory` (resuming from it would abandon them)."""
-    step = int(directory.name.split("-", 1)[1])
-    return [d for d in complete_checkpoints(directory.parent) if int(d.name.split("-", 1)[1]) > step]
+def newer_checkpoints(directory: Path, step: int) -> list[Path]:
+    """The run's finished checkpoints newer than `directory`, of optimizer step `step` (resuming from it
+    would abandon them)."""
+    return [d for d in complete_checkpoints(directory.parent) if step_of(d) > step]
 
 
 def drop_metrics_after(run_dir: Path, rows: int) -> int:
