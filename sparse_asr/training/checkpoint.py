@@ -121,7 +121,7 @@ def save_training_state(comm, checkpoint_dir: str | Path, state: TrainingState, 
             shutil.rmtree(target, ignore_errors=True)
         raise OSError(errors[0][0], f"checkpoint {target} not written: " + "; ".join(m for _, m in errors))
     if comm.rank == 0:
-        files = {name: entry for files, _ in reports for name, entry in files.items()}
+        files = {name: entry for part, _ in reports for name, entry in part.items()}
         try:
             fsync_dir(target)  # the renames of every rank's file are durable before the manifest says so
             write_manifest(target, state, comm.size, files)
