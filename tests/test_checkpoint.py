@@ -380,3 +380,23 @@ def test_resume_mid_epoch_after_a_crash(an4_manifests, tmp_path, monkeypatch, au
     assert_same_parameters(tmp_path / "full", crashed)
     assert_one_row_per_kind_and_step(crashed)
     assert_tensorboard_matches_metrics(crashed, steps=8, val_steps=[4, 8])
+
+
+def test_resume_auto_for_chained_jobs(an4_manifests, tmp_path):
+    """The same command for every job of a chain: `--resume auto --overwrite name=NAME`. The first job died
+    before its first checkpoint (leftovers, no checkpoint): the next starts afresh, replacing them; once a
+    checkpoint exists the next one continues it (and --overwrite deletes nothing)."""
+    run_dir = tmp_path / "chain"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "epoch": 0, "time": 0}\n')
+
+    def job(epochs):
+        overrides = tiny_overrides(an4_manifests, tmp_path, "chain", train__epochs=epochs)
+        return train.run(train.parse_args(["--config", str(SMOKE_CONFIG), *overrides, "--resume", "auto",
+                                           "--overwrite"]), Communicator())
+
+    job(1)
+    assert sorted(step_losses(run_dir)) == [1, 2, 3, 4] and len(read_metrics(run_dir)) == 4 + 3  # + epoch, val, test
+    job(2)
+    assert sorted(step_losses(run_dir)) == list(range(1, 9))
+    assert load_training_state(Communicator(), run_dir).progress.epoch == 2
