@@ -12,13 +12,16 @@ so a busy machine slows both alike. Per step and compressor: wall time of `excha
 `step` (error feedback included), the slowest rank's; words received and messages sent per rank; the
 global count over k. Medians of the times and means of the rest are taken over the steps after
 `--warmup` (steps 0 .. warmup-1 run, untimed, so both are past their cold start). Machine load
-(os.getloadavg) is printed before and after.
+(os.getloadavg) is printed before and after. With --profile, rank 0 also runs each compressor's timed
+exchanges under cProfile and prints the functions that took the most time (their own time).
 """
 import argparse
+import cProfile
 import importlib.util
 import io
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -64,13 +67,17 @@ def load_package(name: str, root: Path):
     return module
 
 
-def timed_exchange(compressor, seconds: list):
-    """Make compressor.exchange record its wall time in `seconds` (last entry = last call)."""
+def timed_exchange(compressor, seconds: list, profile: cProfile.Profile | None):
+    """Make compressor.exchange record its wall time in `seconds` (last entry = last call) and run
+    under `profile` while profile.active is set."""
     exchange = compressor.exchange
 
     def wrapper(*args):
         t0 = time.perf_counter()
-        out = exchange(*args)
+        if profile is not None and profile.active:
+            out = profile.runcall(exchange, *args)
+        else:
+            out = exchange(*args)
         seconds.append(time.perf_counter() - t0)
         return out
 
@@ -85,6 +92,8 @@ def main():
     parser.add_argument("--steps", type=int, default=24, help="timed steps")
     parser.add_argument("--warmup", type=int, default=4, help="untimed steps first")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true", help="cProfile the timed exchanges on rank 0")
+    parser.add_argument("--top", type=int, default=15, help="functions listed per profile")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json (rank 0)")
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.numel < 1:
@@ -110,12 +119,16 @@ def main():
     old = old_compression.OkTopk(old_comm, args.numel, args.density)
     impls = {"baseline": (old, old_comm), "now": (new, comm)}
     exchange_s = {name: [] for name in impls}
+    profiles = {name: cProfile.Profile() if args.profile and rank == 0 else None for name in impls}
     for name, (compressor, _) in impls.items():
-        timed_exchange(compressor, exchange_s[name])
+        timed_exchange(compressor, exchange_s[name], profiles[name])
     rows = {name: [] for name in impls}  # per timed step: (exchange s, step s, bytes recv, msgs, global/k)
     load_before = os.getloadavg()
     for step in range(args.warmup + args.steps):
         grad = source.gradient(step)
+        for profile in profiles.values():
+            if profile is not None:
+                profile.active = step >= args.warmup
         order = list(impls) if step % 2 == 0 else list(reversed(impls))
         for name in order:
             compressor, c = impls[name]
@@ -169,6 +182,12 @@ def main():
                      f"| {r['exchange_ms_median']:.0f} | {r['step_ms_median']:.0f} |")
     lines += ["", f"now / {commit[:7]}: exchange {now['exchange_ms_median'] / base['exchange_ms_median']:.2f}x, "
                   f"step {now['step_ms_median'] / base['step_ms_median']:.2f}x"]
+    for name, profile in profiles.items():
+        if profile is not None:
+            out = io.StringIO()
+            pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)
+            lines += ["", f"Profile of {commit[:7] if name == 'baseline' else 'now'}'s exchange on rank 0, "
+                          f"{args.steps} exchanges (own time, descending):", "```", out.getvalue().strip(), "```"]
     text = "\n".join(lines)
     print(text, flush=True)
     if args.out:

@@ -34,10 +34,10 @@ def test_oktopk_ranks(nprocs):
 def test_registry_and_options():
     comm = Communicator()
     comp = build_compressor("oktopk", comm, 1000, 0.05, local_threshold_interval=4, repartition_interval=8,
-                            count_gain=1, rebalance=True)
+                            count_gain=1, rebalance=False)
     assert isinstance(comp, OkTopk) and comp.k == 50 and comp.local_threshold_interval == 4
-    assert comp.options.count_gain == 1.0 and comp.options.rebalance is True
-    assert OkTopk(comm, 1000, 0.05).options.rebalance is False
+    assert comp.options.count_gain == 1.0 and comp.options.rebalance is False
+    assert OkTopk(comm, 1000, 0.05).options.rebalance is True
     with pytest.raises(ValueError, match="global_threshold_interval"):
         OkTopk(comm, 1000, 0.05, global_threshold_interval=0)
     with pytest.raises(ValueError, match="count_gain"):

@@ -17,10 +17,12 @@ One step on every rank r, with acc = grad + residual and k = density * n:
      the reused threshold) on the first step and every `global_threshold_interval` steps,
      reused/steered/guarded in between like the local one;
   5. the selected pairs are allgathered (allgatherv); all ranks get them sorted by index. With
-     the `rebalance` option they are first re-blocked (point-to-point, sizes known from the
-     counts) so rank q holds the q-th contiguous block of about total/P pairs: that evens out a
-     ring allgatherv's steps at the cost of moving the excess once more (see
-     docs/results/oktopk_floor.md for when that pays).
+     the `rebalance` option (on by default) and P > 2 they are first re-cut (point-to-point,
+     sizes known from the counts) so rank q holds the q-th contiguous block of about total/P
+     pairs: a ring allgatherv, which MPI uses at these sizes, takes P-1 steps each as long as the
+     largest block, so evening the blocks out pays for moving the excess once more from P = 4 on
+     in bench/project_scaling.py's model with the measured imbalance (docs/results/oktopk_floor.md);
+     at P = 2 the excess crosses the one link either way, so it is skipped.
 The base class divides by P and clears exactly applied = S_r ∩ G from the residual, computed with
 an order-free membership test (the original intersected unsorted arrays and left residuals
 uncleared on recompute steps). P = 1 runs the same code: no transfers, G = S_0 above the global
@@ -31,11 +33,13 @@ Point-to-point rather than alltoallv for the reduce: the rotation is the algorit
 the MPI library, empty messages are skipped, and the same isend/irecv calls exist in
 torch.distributed.
 
-Host synchronisations on CUDA in a reuse step (each stalls the host until the GPU catches up):
-the local selection's nonzero and the reduce's per-region counts (both set the reduce's message
-sizes), the global selection's nonzero (the allgatherv's sizes), staging through host memory when
-MPI is not CUDA-aware, and the applied set's size (Exchange.applied is a list of indices). Exact
-steps add the k-th value of torch.topk and one histogram per radix round.
+Host synchronisations on CUDA in a reuse step (each stalls the host until the GPU catches up): the
+local selection's nonzero and the reduce's per-region counts (both set the reduce's message sizes),
+the global selection's nonzero (the allgatherv's sizes), staging through host memory when MPI is
+not CUDA-aware, and, after the last transfer, the applied set's size (Exchange.applied is a list of
+indices) and the two counts the controllers' elasticities need (one transfer). Exact steps add the
+k-th value of torch.topk and one histogram per radix round. The reduced region is kept with its
+repeated indices (summed into the first, 0 elsewhere) so that no sync sizes a unique set.
 """
 from __future__ import annotations
 
@@ -169,6 +173,19 @@ def stable_order_torch(indices: torch.Tensor) -> torch.Tensor:
     return torch.sort(indices, stable=True).indices
 
 
+def reblock_moves(counts: list[int], shares: list[int]) -> list[tuple[int, int, int, int]]:
+    """(source, destination, first, end) for every run of positions of the owner-ordered sequence
+    of pairs that moves when owner blocks of `counts` pairs are re-cut into blocks of `shares`."""
+    have, want = np.cumsum([0] + counts), np.cumsum([0] + shares)
+    moves = []
+    for src in range(len(counts)):
+        for dst in range(len(shares)):
+            lo, hi = max(have[src], want[dst]), min(have[src + 1], want[dst + 1])
+            if src != dst and hi > lo:
+                moves.append((src, dst, int(lo), int(hi)))
+    return moves
+
+
 @dataclass(frozen=True)
 class OkTopkOptions:
     local_threshold_interval: int = 32  # exact local threshold every N steps (reused in between)
@@ -176,7 +193,7 @@ class OkTopkOptions:
     repartition_interval: int = 64  # regions rebalanced every N steps
     count_gain: float = 0.5  # share of the estimated threshold error corrected per step (CountController)
     drift_gain: float = 0.3  # weight of the latest step in the controller's drift estimate
-    rebalance: bool = False  # re-block the selected pairs to equal shares before the allgatherv
+    rebalance: bool = True  # re-cut the selected pairs to equal shares before the allgatherv (P > 2)
 
     def check(self, name: str) -> None:
         for key in ("local_threshold_interval", "global_threshold_interval", "repartition_interval"):
@@ -386,52 +403,48 @@ class OkTopk(SparseCompressor):
 
     def _allgather(self, g_idx: torch.Tensor, g_vals: torch.Tensor, counts: list[int], figures: dict):
         """Allgather every owner's selected pairs (concatenated in owner order, hence sorted),
-        re-blocked first to equal shares if the `rebalance` option is on.
-        Returns (indices, values, max/mean contribution before, after)."""
-        P = self.comm.size
+        re-blocked first to equal shares if the `rebalance` option is on (P > 2). Returns (indices,
+        values, max/mean contribution before, after); puts what a re-block moves to this rank
+        (done or not) in figures, for bench/project_scaling.py's model of the allgatherv."""
+        P, r = self.comm.size, self.comm.rank
         pb = pair_bytes(self.index_dtype)
         total = sum(counts)
+        shares = [total // P + (1 if q < total % P else 0) for q in range(P)]
+        moves = [m for m in reblock_moves(counts, shares) if m[1] == r]
+        figures["rebalance_pairs_in"] = float(sum(hi - lo for _, _, lo, hi in moves))
+        figures["rebalance_messages_in"] = float(len(moves))
         buf = pack_pairs(g_idx.to(self.index_dtype), g_vals)
-        shares = counts
-        if self.options.rebalance:
-            shares = [total // P + (1 if q < total % P else 0) for q in range(P)]
-            if counts != shares:
-                with self._phase(figures, "rebalance"):
-                    buf = self._reblock(buf, counts, shares, pb)
+        rebalance = self.options.rebalance and P > 2  # at P = 2 the excess would cross the one link either way
+        if rebalance and counts != shares:
+            with self._phase(figures, "rebalance"):
+                buf = self._reblock(buf, counts, shares, pb)
+        sizes = shares if rebalance else counts
         with self._phase(figures, "allgather"):
-            out, _ = self.comm.allgatherv(buf, counts=[s * pb for s in shares])
+            out, _ = self.comm.allgatherv(buf, counts=[s * pb for s in sizes])
         indices, values = unpack_pairs(out, self.index_dtype)
         mean = total / P
         before = max(counts) / mean if total else 1.0
-        after = max(shares) / mean if total else 1.0
+        after = max(sizes) / mean if total else 1.0
         return indices, values, before, after
 
     def _reblock(self, buf: torch.Tensor, counts: list[int], shares: list[int], pb: int) -> torch.Tensor:
         """My `shares[r]` pairs of the owner-ordered sequence of all selected pairs, from the
         owners' `counts[q]`-pair blocks: point-to-point, every size known from the counts."""
-        comm, P, r = self.comm, self.comm.size, self.comm.rank
-        have = np.cumsum([0] + counts)  # owner q holds positions [have[q], have[q + 1])
-        want = np.cumsum([0] + shares)  # rank q needs positions [want[q], want[q + 1])
-
-        def overlap(q_have: int, q_want: int) -> tuple[int, int]:
-            return max(have[q_have], want[q_want]), min(have[q_have + 1], want[q_want + 1])
-
-        pieces, requests = {}, []
-        for q in range(P):
-            lo, hi = overlap(q, r)
-            if q != r and hi > lo:
-                pieces[q] = torch.empty((hi - lo) * pb, dtype=torch.uint8, device=buf.device)
-                requests.append(comm.irecv(pieces[q], q, tag=REBALANCE_TAG))
-        for q in range(P):
-            lo, hi = overlap(r, q)
-            if hi > lo:
-                part = buf[(lo - have[r]) * pb : (hi - have[r]) * pb]
-                if q == r:
-                    pieces[r] = part
-                else:
-                    requests.append(comm.isend(part, q, tag=REBALANCE_TAG))
+        comm, r = self.comm, self.comm.rank
+        start = sum(counts[:r])  # my block's first position in the sequence
+        my_first = sum(shares[:r])
+        pieces, requests = [], []
+        for src, dst, lo, hi in reblock_moves(counts, shares):
+            if dst == r:
+                pieces.append((lo, torch.empty((hi - lo) * pb, dtype=torch.uint8, device=buf.device)))
+                requests.append(comm.irecv(pieces[-1][1], src, tag=REBALANCE_TAG))
+            elif src == r:
+                requests.append(comm.isend(buf[(lo - start) * pb : (hi - start) * pb], dst, tag=REBALANCE_TAG))
+        kept_lo, kept_hi = max(start, my_first), min(start + counts[r], my_first + shares[r])
+        if kept_hi > kept_lo:
+            pieces.append((kept_lo, buf[(kept_lo - start) * pb : (kept_hi - start) * pb]))
         comm.waitall(requests)
-        return torch.cat([pieces[q] for q in sorted(pieces)]) if pieces else buf[:0]
+        return torch.cat([piece for _, piece in sorted(pieces, key=lambda p: p[0])]) if pieces else buf[:0]
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
