@@ -15,6 +15,9 @@ The default of 64 steps covers one full period of Ok-Topk's recomputations (thre
 repartition every 64 steps), so its amortized volume is representative; fewer steps over-weight
 step 0, where every algorithm with periodic recomputation does all of them.
 
+The JSON records also hold each algorithm's own per-step figures (StepStats.extra) as extra_<name>_mean
+and extra_<name>_max (means over steps; mean and max over ranks).
+
 Synthetic gradients (no model is run): the flat vector is cut into 40 "layers" (seeded sizes)
 with log-uniform scales over three decades, as gradient magnitudes differ between tensors.
 g(rank, step) = scale_layer * (0.5 * m + e(rank, step)) where m is a Laplace component shared by
@@ -96,12 +99,14 @@ def closed_form(name: str, numel: int, k: int, P: int, shapes, options: dict):
     return COMPRESSORS[name].cost(numel, k, P)
 
 
-def measure(comm, name, numel, density, steps, source, shapes, options) -> dict:
-    """Run `steps` steps of one algorithm; return this rank's per-step means."""
+def measure(comm, name, numel, density, steps, source, shapes, options, settle: int = 16) -> dict:
+    """Run `steps` steps of one algorithm; return this rank's per-step means (and the global count's mean
+    over the steps from `settle` on, past the cold start of thresholds that adapt)."""
     compressor = build_compressor(name, comm, numel, density, shapes=shapes, **options)
     from_stats = ("bytes_sent", "bytes_recv", "messages", "seconds_select", "seconds_comm", "selected_global", "selected_local")
     sums = dict.fromkeys(from_stats + ("seconds_step", "meta_bytes_recv"), 0.0)
     peak_recv = 0
+    settled = []
     comm.barrier()
     for step in range(steps):
         grad = source.gradient(step)
@@ -112,10 +117,15 @@ def measure(comm, name, numel, density, steps, source, shapes, options) -> dict:
         sums["meta_bytes_recv"] += (comm.counts("meta") - meta_before).bytes_recv
         for key in from_stats:
             sums[key] += getattr(stats, key)
+        for key, value in stats.extra.items():  # the algorithm's own figures, e.g. Ok-Topk's phases
+            sums[f"extra_{key}"] = sums.get(f"extra_{key}", 0.0) + value
         peak_recv = max(peak_recv, stats.bytes_recv)
+        if step >= settle:
+            settled.append(stats.selected_global)
     del compressor
     means = {key: v / steps for key, v in sums.items()}
     means["bytes_recv_peak"] = peak_recv
+    means["selected_global_settled"] = float(np.mean(settled)) if settled else float("nan")
     return means
 
 
@@ -127,17 +137,20 @@ def table(records: list[dict], P: int, numel: int, density: float, steps: int, s
         f"{steps} steps (words = 4 bytes; recv = mean over ranks [max over ranks]; model from Li & Hoefler "
         f"PPoPP'22 Table 1, PowerSGD's from the shapes)",
         "",
-        "| algorithm | recv words [max] | sent words | model words | formula | recv/model | messages | density | select s | comm s | step s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| algorithm | recv words [max] | sent words | model words | formula | recv/model | messages | density "
+        "| global / k from step 16 | select s | comm s | step s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         low, high = r["model_words_low"], r["model_words_high"]
         model = "n/a" if low is None else f"{low:,.0f}" if low == high else f"{low:,.0f} .. {high:,.0f}"
         ratio = "n/a" if not high else f"{r['bytes_recv_max'] / WORD / high:.3f}"
+        settled = r["selected_global_settled_mean"] / k
+        settled = "n/a" if settled != settled else f"{settled:.3f}"  # NaN: 16 steps or fewer
         lines.append(
             f"| {r['algorithm']} | {r['bytes_recv_mean'] / WORD:,.0f} [{r['bytes_recv_max'] / WORD:,.0f}] "
             f"| {r['bytes_sent_mean'] / WORD:,.0f} | {model} | {r['formula']} | {ratio} | {r['messages']:.1f} "
-            f"| {r['selected_density']:.5f} | {r['seconds_select_mean']:.3f} | {r['seconds_comm_mean']:.3f} "
+            f"| {r['selected_density']:.5f} | {settled} | {r['seconds_select_mean']:.3f} | {r['seconds_comm_mean']:.3f} "
             f"| {r['seconds_step_mean']:.3f} |"
         )
     lines += ["", "recv/model: the busiest rank's received words over the model's (upper) value. gtopk's model "

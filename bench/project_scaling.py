@@ -35,6 +35,15 @@ Assumptions (flags; defaults stated in the output):
         (--compute-fixed-ms, --compute-per-utt-ms) when one is available.
   per-rank batch = global batch / P (at least 1: beyond P = global batch, each rank keeps 1 utterance).
   selection time (top-k / threshold on the GPU) is excluded unless given with --selection-ms ALGO=MS.
+
+Ok-Topk's allgatherv with and without its `rebalance` option (a section of its own, when the measured Ok-Topk
+records carry its per-step figures, as bench/comm_volume.py writes them): MPI allgathers a few MB with a ring,
+whose P-1 steps each move one block over every link, so the largest block sets every step's time:
+    plain       (P-1) (alpha + beta * max block)
+    rebalanced  alpha * m + beta * moved  +  (P-1) (alpha + beta * mean block)
+where max block / mean block is the measured imbalance of the owners' selections and m and moved are the
+messages and bytes the busiest rank receives when the blocks are first re-cut to equal shares (measured too;
+both interpolated in log2 P between measured P and held beyond them).
 """
 from __future__ import annotations
 
@@ -148,6 +157,73 @@ def calibration_ratio(points: dict[int, Measured], P: int) -> tuple[float, float
     x = np.log2(Ps)
     at = math.log2(P)
     return (float(np.interp(at, x, [r[0] for r in ratios])), float(np.interp(at, x, [r[1] for r in ratios])))
+
+
+# ---------------------------------------------------------------------------------------- Ok-Topk's allgatherv
+@dataclass
+class AllgatherShape:
+    """Ok-Topk's allgather at one measured P, per step (means over the measured steps)."""
+
+    P: int
+    pairs_over_k: float  # selected pairs allgathered (the global count) / k
+    imbalance: float  # largest owner's block / mean block
+    moved_over_block: float  # pairs the busiest rank receives when the blocks are re-cut to equal shares / mean block
+    moved_messages: float  # messages it receives for that
+
+
+def load_allgather_shapes(paths: list[str]) -> list[AllgatherShape]:
+    """Ok-Topk records of bench/comm_volume.py --json files that carry its per-step figures."""
+    shapes = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for rec in data.get("records", []) if isinstance(data, dict) else data:
+            if rec.get("algorithm") == "oktopk" and rec.get("extra_allgather_imbalance_before_mean") is not None:
+                P, pairs = int(rec["P"]), float(rec["extra_global_count_mean"])
+                shapes.append(AllgatherShape(P=P, pairs_over_k=pairs / float(rec["k"]),
+                                             imbalance=float(rec["extra_allgather_imbalance_before_mean"]),
+                                             moved_over_block=float(rec["extra_rebalance_pairs_in_max"]) / (pairs / P),
+                                             moved_messages=float(rec["extra_rebalance_messages_in_max"])))
+    return shapes
+
+
+def allgatherv_ms(P: int, pairs: float, imbalance: float, moved_pairs: float, moved_messages: float,
+                  model: "Model", rebalance: bool, pair_bytes: int = 2 * WORD) -> float:
+    """Ring allgatherv of `pairs` pairs from P owners (see the module docstring)."""
+    if P <= 1:
+        return 0.0
+    block = pairs / P * (1.0 if rebalance else imbalance)
+    seconds = (P - 1) * (model.alpha_s + model.beta_s_per_byte * pair_bytes * block)
+    if rebalance:
+        seconds += model.alpha_s * moved_messages + model.beta_s_per_byte * pair_bytes * moved_pairs
+    return 1e3 * seconds
+
+
+def allgather_table(shapes: list[AllgatherShape], ranks: list[int], numel: int, density: float, model: "Model") -> str:
+    """Plain vs rebalanced allgatherv per P of k = density * numel pairs times the measured ratios: the
+    measured shape at its P, interpolated in log2 P between measured P, held beyond them."""
+    shapes = sorted(shapes, key=lambda sh: sh.P)
+    x = np.log2([sh.P for sh in shapes])
+    k = max(1, round(density * numel))
+
+    def at(P: int, values: list[float]) -> float:
+        return float(np.interp(math.log2(P), x, values))
+
+    lines = ["| P | source | pairs / k | imbalance (max / mean block) | moved pairs / mean block | plain ms "
+             "| rebalanced ms | rebalance shortens it |", "|---|---|---|---|---|---|---|---|"]
+    for P in sorted(set(ranks) | {sh.P for sh in shapes}):
+        if P < 2:
+            continue
+        source = ("measured" if any(sh.P == P for sh in shapes) else
+                  "interpolated" if shapes[0].P < P < shapes[-1].P else "held")
+        pairs = k * at(P, [sh.pairs_over_k for sh in shapes])
+        imbalance = at(P, [sh.imbalance for sh in shapes])
+        moved = pairs / P * at(P, [sh.moved_over_block for sh in shapes])
+        messages = at(P, [sh.moved_messages for sh in shapes])
+        plain = allgatherv_ms(P, pairs, imbalance, moved, messages, model, rebalance=False)
+        rebalanced = allgatherv_ms(P, pairs, imbalance, moved, messages, model, rebalance=True)
+        lines.append(f"| {P} | {source} | {pairs / k:.3f} | {imbalance:.3f} | {moved / (pairs / P):.3f} | {plain:.3f} "
+                     f"| {rebalanced:.3f} | {'yes' if rebalanced < plain else 'no'} |")
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -339,6 +415,10 @@ def main(argv=None) -> int:
                  "received + sent)\n", pivot_markdown(df, "MB_per_step", ".2f"),
                  "## Messages per step on the critical path\n", pivot_markdown(df, "messages", ".1f"),
                  "## Trend\n", trend_text(df) + "\n"]
+    shapes = load_allgather_shapes(args.measured) if "oktopk" in args.algorithms else []
+    if shapes:
+        sections += ["## Ok-Topk's allgatherv: plain vs rebalanced (ring model, measured block imbalance)\n",
+                     allgather_table(shapes, ranks, args.numel, args.density, model)]
     text = "\n".join(sections)
 
     out = Path(args.out)

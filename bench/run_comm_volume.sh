@@ -4,6 +4,7 @@
 # bench/results/comm_volume_oktopk_P<P>.{md,json} (Ok-Topk).
 #   bash bench/run_comm_volume.sh
 #   PROCS="2 4" STEPS=16 OKTOPK_STEPS=128 bash bench/run_comm_volume.sh
+#   BASELINES= PROCS="2 4" bash bench/run_comm_volume.sh    # Ok-Topk only
 # Ok-Topk runs OKTOPK_STEPS (default 64) steps: one full period of its threshold recomputations
 # (every 32) and repartitions (every 64), so its figure is the amortized volume. The baselines
 # recompute nothing periodically, so STEPS (default 8) steps give their per-step volume; this keeps
@@ -15,7 +16,7 @@ OKTOPK_STEPS=${OKTOPK_STEPS:-64}
 NUMEL=${NUMEL:-27569568}
 DENSITY=${DENSITY:-0.02}
 PROCS=${PROCS:-2 4 8}
-BASELINES=${BASELINES:-dense topka topkdsa gtopk gaussiank}
+BASELINES=${BASELINES-dense topka topkdsa gtopk gaussiank}  # set but empty: none
 OUT=bench/results
 mkdir -p "$OUT"
 run() {  # run P STEPS NAME ALGORITHMS...

@@ -1,29 +1,49 @@
 """Ok-Topk: exact against a numpy reference, invariants over 200 realistic steps, the original's
-unsorted-intersection bug, the 6k(P-1)/P volume bound and exact resume, on P = 1..4 real ranks
-(tests/mpi/oktopk_check.py), plus single-process checks of the pieces."""
+unsorted-intersection bug, the 6k(P-1)/P volume bound, exact resume, the count tracking k and the
+rebalanced allgather, on P = 1..4 real ranks (tests/mpi/oktopk_check.py), plus single-process
+checks of the pieces."""
+import math
+
 import pytest
 import torch
 
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import build_compressor
-from sparse_asr.compression.oktopk import MAX_NUDGE, NUDGE, OkTopk, balanced_regions, nudged
+from sparse_asr.compression.oktopk import (
+    MIN_THRESHOLD,
+    CountController,
+    OkTopk,
+    balanced_regions,
+    stable_order,
+    stable_order_torch,
+    sum_sorted_runs,
+)
 from tests.mpi_helpers import check_mpi
+
+CHECKS = ("exact", "unsorted", "resume", "volume", "default", "tracks", "rebalance")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_oktopk_ranks(nprocs):
-    out = check_mpi(nprocs, ["-m", "tests.mpi.oktopk_check", "exact", "unsorted", "resume", "volume", "default"], timeout=240)
-    for check in ("exact", "unsorted", "resume", "volume", "default"):
+    out = check_mpi(nprocs, ["-m", "tests.mpi.oktopk_check", *CHECKS], timeout=300)
+    for check in CHECKS:
         assert f"ok {check} P={nprocs}" in out, out
 
 
 def test_registry_and_options():
     comm = Communicator()
-    comp = build_compressor("oktopk", comm, 1000, 0.05, local_threshold_interval=4, repartition_interval=8)
+    comp = build_compressor("oktopk", comm, 1000, 0.05, local_threshold_interval=4, repartition_interval=8,
+                            count_gain=1, rebalance=False)
     assert isinstance(comp, OkTopk) and comp.k == 50 and comp.local_threshold_interval == 4
+    assert comp.options.count_gain == 1.0 and comp.options.rebalance is False
+    assert OkTopk(comm, 1000, 0.05).options.rebalance is True
     with pytest.raises(ValueError, match="global_threshold_interval"):
         OkTopk(comm, 1000, 0.05, global_threshold_interval=0)
+    with pytest.raises(ValueError, match="count_gain"):
+        OkTopk(comm, 1000, 0.05, count_gain=1.5)
+    with pytest.raises(ValueError, match="rebalance"):
+        OkTopk(comm, 1000, 0.05, rebalance="yes")
     with pytest.raises(ValueError, match="threshold_interval_typo"):
         build_compressor("oktopk", comm, 1000, 0.05, threshold_interval_typo=3)
 
@@ -36,18 +56,63 @@ def test_state_dict_rejects_other_world_size():
         comp.load_state_dict(state)
 
 
-def test_nudge_grows_while_out_of_band_and_resets():
-    k = 1000
-    t, step = nudged(1.0, 0.0, 2000, k)
-    assert step == NUDGE and t == pytest.approx(1 + NUDGE)
-    sizes = []
-    for _ in range(8):
-        t, step = nudged(t, step, 1900, k)
-        sizes.append(step)
-    assert sizes[:4] == pytest.approx([2 * NUDGE, 4 * NUDGE, 8 * NUDGE, 16 * NUDGE]) and max(sizes) == MAX_NUDGE
-    t2, step = nudged(t, step, 100, k)  # crossed over: small step down again
-    assert step == -NUDGE and t2 == pytest.approx(t * (1 - NUDGE))
-    assert nudged(t2, step, 1100, k) == (t2, 0.0)  # in band: keep
+def controlled(control: CountController, k: int, ideal, elasticity: float, steps: int) -> list[float]:
+    """count / k per step when a threshold t selects k * (ideal(step) / t)^elasticity entries."""
+    ratios = []
+    for step in range(steps):
+        count = round(k * (ideal(step) / control.threshold) ** elasticity)
+        ratios.append(count / k)
+        control.update(count, k, elasticity)
+    return ratios
+
+
+@pytest.mark.parametrize("elasticity", [2.0, 5.0, 16.0])
+def test_controller_lands_on_k_and_follows_a_drift(elasticity):
+    """Started 30% too low, it reaches k within a few steps without oscillating, for flat and steep
+    tails alike, and then follows a threshold that rises 1% per step with no lasting offset."""
+    k = 100_000
+    control = CountController(count_gain=0.5, drift_gain=0.3, threshold=0.7)  # ideal: 1.0
+    ratios = controlled(control, k, lambda s: 1.0, elasticity, 20)
+    assert abs(math.log(ratios[10])) < 0.02 and abs(math.log(ratios[-1])) < 0.002
+    errors = [math.log(r) for r in ratios]
+    assert all(a * b >= 0 for a, b in zip(errors, errors[1:]) if abs(b) > 1e-3), f"oscillates: {ratios}"
+    ratios = controlled(CountController(0.5, 0.3, threshold=1.0), k, lambda s: 1.01**s, elasticity, 40)
+    assert max(abs(math.log(r)) for r in ratios[25:]) < 0.01, ratios
+
+
+def test_controller_step_limits_and_resets():
+    control = CountController(count_gain=1.0, drift_gain=0.3, threshold=1.0)
+    control.update(0, 1000, 2.0)  # nothing selected: at most a factor 2 per step
+    assert control.threshold == 0.5
+    control.update(10**9, 1000, 1.0)
+    assert control.threshold == 1.0
+    control.exact(3.0, guard=True)  # the guard recomputed it: the drift is forgotten
+    assert (control.threshold, control.drift, control.ideal) == (3.0, 0.0, 0.0)
+    floor = CountController(0.5, 0.3, threshold=MIN_THRESHOLD)
+    floor.update(3, 1000, 2.0)  # fewer nonzeros than k at the floor: nothing to learn
+    assert (floor.threshold, floor.drift) == (MIN_THRESHOLD, 0.0)
+
+
+def test_sum_sorted_runs():
+    """Sorted, every repeated index summed into its first position and 0 elsewhere; the stable
+    order comes from numpy's timsort on CPU and torch.sort elsewhere: the same permutation."""
+    g = torch.Generator().manual_seed(4)
+    runs = [torch.randperm(400, generator=g)[:150].sort().values.int() for _ in range(3)]
+    indices = torch.cat(runs + [runs[0][:0]])
+    values = torch.randn(indices.numel(), generator=g)
+    assert torch.equal(stable_order(indices), stable_order_torch(indices))
+    expected = {}
+    for i, v in zip(indices.tolist(), values.tolist()):
+        expected[i] = expected.get(i, 0.0) + v
+    idx, vals = sum_sorted_runs(indices, values)
+    assert torch.equal(idx, indices.sort().values)
+    firsts = torch.ones_like(idx, dtype=torch.bool)
+    firsts[1:] = idx[1:] != idx[:-1]
+    assert (vals[~firsts] == 0).all()
+    got = dict(zip(idx[firsts].tolist(), vals[firsts].tolist()))
+    assert got.keys() == expected.keys() and all(got[i] == pytest.approx(expected[i], abs=1e-5) for i in got)
+    empty = sum_sorted_runs(indices[:0], values[:0])
+    assert empty[0].numel() == 0 and empty[1].numel() == 0
 
 
 def test_balanced_regions():

@@ -159,6 +159,29 @@ def test_measured_points_are_reproduced_and_the_ratio_carries_on(tmp_path):
     assert df.loc[("gtopk", 32)].MB_per_step * 1e6 == pytest.approx(b32g * 161_000.0 / bg, rel=1e-12)
 
 
+def test_oktopk_allgatherv_plain_vs_rebalanced(tmp_path):
+    """The ring model: P-1 steps each as long as the largest block; re-cutting the blocks first costs
+    what the busiest rank receives for it. Measured shapes come from Ok-Topk's per-step figures."""
+    k, pb, alpha, beta = 500_000, 8, 2e-6, 1 / 12.5e9
+    plain = ps.allgatherv_ms(4, k, 1.2, 0.1 * k / 4, 2, MODEL, rebalance=False)
+    rebalanced = ps.allgatherv_ms(4, k, 1.2, 0.1 * k / 4, 2, MODEL, rebalance=True)
+    assert plain == pytest.approx(1e3 * 3 * (alpha + beta * pb * 1.2 * k / 4))
+    assert rebalanced == pytest.approx(1e3 * (3 * (alpha + beta * pb * k / 4) + 2 * alpha + beta * pb * 0.1 * k / 4))
+    # at P = 2 the excess moves once either way: re-cutting only adds its message
+    assert ps.allgatherv_ms(2, k, 1.2, 0.2 * k / 2, 1, MODEL, True) > ps.allgatherv_ms(2, k, 1.2, 0.2 * k / 2, 1, MODEL, False)
+    n, d = 1_000_000, 0.02
+    rec = record("oktopk", 4, n, d, 250_000.0, 240_000.0, 11.5)
+    rec.update(extra_global_count_mean=1.1 * rec["k"], extra_allgather_imbalance_before_mean=1.2,
+               extra_rebalance_pairs_in_max=0.1 * 1.1 * rec["k"] / 4, extra_rebalance_messages_in_max=2.0)
+    shapes = ps.load_allgather_shapes([write_measured(tmp_path / "P4.json", 4, [rec, record("dense", 4, n, d, 1.0, 1.0, 6)])])
+    assert shapes == [ps.AllgatherShape(P=4, pairs_over_k=pytest.approx(1.1), imbalance=1.2,
+                                        moved_over_block=pytest.approx(0.1), moved_messages=2.0)]
+    table = ps.allgather_table(shapes, [2, 4, 8], n, d, MODEL)
+    row = next(line for line in table.splitlines() if line.startswith("| 4 |")).split(" | ")
+    assert row[1] == "measured" and float(row[5]) == pytest.approx(ps.allgatherv_ms(4, 1.1 * 20_000, 1.2, 0.1 * 1.1 * 20_000 / 4, 2, MODEL, False), abs=1e-3)
+    assert "| 8 | held |" in table and "| 2 | held |" in table
+
+
 def main(*args) -> tuple[int, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -1,13 +1,21 @@
-"""Selection helpers: exact thresholds equal torch.topk's k-th value, intersections ignore order."""
+"""Selection helpers: exact thresholds equal torch.topk's k-th value on both device paths (the CUDA
+path run on CPU tensors), threshold scans agree with torch, intersections ignore order."""
+import numpy as np
 import pytest
 import torch
 
 from sparse_asr.compression.selection import (
-    isin_sorted,
+    SCAN_CHUNK,
+    intersect_unique,
+    intersect_unique_torch,
     kth_largest_magnitude,
     kth_largest_magnitude_radix,
     sample_positions,
+    select_by_sample,
+    select_by_topk,
     threshold_indices,
+    threshold_indices_torch,
+    threshold_select,
     topk_indices,
     topk_threshold_select,
 )
@@ -40,6 +48,10 @@ def test_exact_threshold_equals_topk(name, make, ks):
         assert t == ref
         assert torch.equal(idx, torch.nonzero(x.abs() >= ref).flatten()), "selection must be every |x| >= t, sorted"
         assert idx.numel() >= k
+        # Both device paths (CUDA's torch.topk, CPU's sample and refine) give the same answer.
+        for method in (select_by_topk, select_by_sample):
+            m_idx, m_t = method(x, k)
+            assert m_t == ref and torch.equal(m_idx, idx), (method.__name__, name, k)
 
 
 def test_unlucky_sample_still_exact():
@@ -81,16 +93,49 @@ def test_sample_positions_spread():
     assert counts.min() >= 1000 and counts.max() <= 1050
 
 
-def test_isin_sorted_any_order():
+def test_intersect_any_order():
     g = torch.Generator().manual_seed(8)
     x = torch.randn(5_000, generator=g)
     a = topk_indices(x, 300)  # topk order: not sorted by index
     b = torch.randperm(5_000, generator=g)[:2_000]
     assert not torch.equal(a, a.sort().values) and not torch.equal(b, b.sort().values)
-    expected = torch.tensor([int(i) in set(b.tolist()) for i in a])
-    assert torch.equal(isin_sorted(a, b), expected)
-    assert torch.equal(isin_sorted(a.int(), b.int()), expected)
-    assert isin_sorted(a, b[:0]).sum() == 0 and isin_sorted(a[:0], b).numel() == 0
+    expected = torch.tensor(sorted(set(a.tolist()) & set(b.tolist())))
+    for intersect in (intersect_unique, intersect_unique_torch):  # CPU and device paths
+        assert torch.equal(intersect(a, b), expected)
+        assert torch.equal(intersect(a.sort().values, b.int().sort().values), expected)  # mixed dtypes
+        assert intersect(a, b[:0]).numel() == 0 and intersect(a[:0], b).numel() == 0
+
+
+@pytest.mark.parametrize("n", [0, 1, SCAN_CHUNK - 1, SCAN_CHUNK, 3 * SCAN_CHUNK + 5])
+def test_threshold_scan_matches_torch(n):
+    """The chunked numpy scan (CPU) and the torch scan (other devices) select the same entries, in
+    order, also at thresholds between two float32 values and at chunk borders."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g) * torch.exp(2 * torch.randn(n, generator=g))
+    x[::11] = 0.0
+    if n:
+        x[n // 2] = float(np.nextafter(np.float32(1.5), np.float32(2)))
+    for t in (0.0, 1e-40, 0.3, 1.5, (1.5 + float(np.nextafter(np.float32(1.5), np.float32(2)))) / 2, 1e9):
+        expected = threshold_indices_torch(x, t)
+        assert torch.equal(threshold_indices(x, t), expected), t
+        idx, vals = threshold_select(x, t)
+        assert idx.dtype == torch.int64 and torch.equal(idx, expected) and torch.equal(vals, x[expected]), t
+    assert torch.equal(threshold_indices(x.double(), 0.3), threshold_indices_torch(x.double(), 0.3))
+
+
+def test_radix_centred_on_a_guess():
+    """A first round centred on a guess (the reused threshold) finds the same value: in 2 rounds of
+    4096 bins when the guess is within a factor 2, one or two more when it is not."""
+    x = heavy_tailed(100_000, 9)
+    for k in (1, 2_000, 60_000):
+        ref = torch.topk(x.abs(), k).values[-1].item()
+        for guess, rounds in ((ref, 2), (ref * 1.9, 2), (ref / 1.9, 2), (ref * 10, 4), (ref / 10, 4), (1e-38, 4)):
+            seen = []
+            t = kth_largest_magnitude_radix(x, k, lambda h: seen.append(h.numel()) or h, near=guess, max_bins=4096)
+            assert t == ref and len(seen) <= rounds, (k, guess, len(seen))
+    assert kth_largest_magnitude_radix(x, 100_001, near=1.0, max_bins=4096) == 0.0
+    with pytest.raises(ValueError, match="power of two"):
+        kth_largest_magnitude_radix(x, 5, max_bins=1000)
 
 
 def test_existing_helpers_unchanged():

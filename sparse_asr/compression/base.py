@@ -215,10 +215,11 @@ def pack_pairs(indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     several ranks' buffers (allgatherv, alltoallv) is still a valid buffer. Indices keep their
     integer type (never packed into floats: exact for any n)."""
     assert indices.numel() == values.numel()
-    # Explicit record widths (not -1): a rank may have nothing to send, and view(0, -1) is ambiguous.
-    idx = indices.contiguous().view(torch.uint8).view(indices.numel(), indices.element_size())
-    val = values.to(torch.float32).contiguous().view(torch.uint8).view(values.numel(), 4)
-    return torch.cat([idx, val], dim=1).flatten()
+    # Records assembled as 4-byte words (the index's, then the value's bits): byte-wide columns
+    # made this copy an order of magnitude slower. Explicit widths: view(0, -1) is ambiguous.
+    idx = indices.contiguous().view(torch.int32).view(indices.numel(), indices.element_size() // 4)
+    val = values.to(torch.float32).contiguous().view(torch.int32).view(values.numel(), 1)
+    return torch.cat([idx, val], dim=1).view(torch.uint8).flatten()
 
 
 def pair_bytes(index_dtype: torch.dtype) -> int:
@@ -227,10 +228,11 @@ def pair_bytes(index_dtype: torch.dtype) -> int:
 
 
 def unpack_pairs(buf: torch.Tensor, index_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    isz = torch.empty(0, dtype=index_dtype).element_size()
-    rec = buf.view(-1, isz + 4)
-    indices = rec[:, :isz].contiguous().view(index_dtype).flatten()
-    values = rec[:, isz:].contiguous().view(torch.float32).flatten()
+    words = torch.empty(0, dtype=index_dtype).element_size() // 4
+    rec = buf.view(torch.int32).view(-1, words + 1)
+    indices = torch.empty(rec.shape[0], dtype=index_dtype, device=buf.device)
+    indices.view(torch.int32).view(-1, words).copy_(rec[:, :words])  # a fresh, aligned buffer
+    values = rec[:, words].contiguous().view(torch.float32)
     return indices, values
 
 

@@ -2,20 +2,27 @@
 
 One step on every rank r, with acc = grad + residual and k = density * n:
   1. local selection S_r = {i : |acc_i| >= local threshold}. The threshold is exact (the k-th
-     largest |acc|, compression.selection.topk_threshold_select) on the first step and every
-     `local_threshold_interval` steps; in between it is reused and nudged (see `nudged`), and
-     recomputed exactly at once if the reused one selects outside [k/2, 2k] (the guard);
+     largest |acc|, compression.selection.topk_threshold_select: the fastest exact method on the
+     device) on the first step and every `local_threshold_interval` steps; in between it is
+     reused, steered toward selecting k entries by a CountController, and recomputed exactly at
+     once if the reused one selects outside [k/2, 2k] (the guard);
   2. on the first step, every `repartition_interval` steps, and on steps 1, 2, 4, ... before the
      first interval, [0, n) is cut into P contiguous regions holding about equal numbers of
      selected entries (a global count histogram: one allreduce); every rank gets the same cuts;
   3. reduce: the pairs of S_r in region j go to rank j, point-to-point after one count exchange,
      with destination rotation (round i sends to rank+i, receives from rank-i); each owner sums
-     what arrives for its region with its own pairs;
+     what arrives for its region with its own pairs (one merge of the sorted runs);
   4. global selection inside each region: |reduced| >= global threshold, exact (the k-th largest
-     over all regions: radix select whose histograms are allreduced) on the first step and every
-     `global_threshold_interval` steps, reused/nudged/guarded in between like the local one;
-  5. the selected pairs are re-blocked (one alltoallv) so rank q holds the q-th contiguous block of
-     about total/P pairs, then allgathered (allgatherv); all ranks get them sorted by index.
+     over all regions: radix select whose histograms are allreduced, its first round centred on
+     the reused threshold) on the first step and every `global_threshold_interval` steps,
+     reused/steered/guarded in between like the local one;
+  5. the selected pairs are allgathered (allgatherv); all ranks get them sorted by index. With
+     the `rebalance` option (on by default) and P > 2 they are first re-cut (point-to-point,
+     sizes known from the counts) so rank q holds the q-th contiguous block of about total/P
+     pairs: a ring allgatherv, which MPI uses at these sizes, takes P-1 steps each as long as the
+     largest block, so evening the blocks out pays for moving the excess once more from P = 4 on
+     in bench/project_scaling.py's model with the measured imbalance (docs/results/oktopk_floor.md);
+     at P = 2 the excess crosses the one link either way, so it is skipped.
 The base class divides by P and clears exactly applied = S_r ∩ G from the residual, computed with
 an order-free membership test (the original intersected unsorted arrays and left residuals
 uncleared on recompute steps). P = 1 runs the same code: no transfers, G = S_0 above the global
@@ -24,47 +31,93 @@ small count/histogram exchanges, below the paper's 6k(P-1)/P bound.
 
 Point-to-point rather than alltoallv for the reduce: the rotation is the algorithm's, not left to
 the MPI library, empty messages are skipped, and the same isend/irecv calls exist in
-torch.distributed. (On this project's 2-core machine a timing comparison would be noise.)
+torch.distributed.
+
+Host synchronisations on CUDA in a reuse step (each stalls the host until the GPU catches up): the
+local selection's nonzero and the reduce's per-region counts (both set the reduce's message sizes),
+the global selection's nonzero (the allgatherv's sizes), staging through host memory when MPI is
+not CUDA-aware, and, after the last transfer, the applied set's size (Exchange.applied is a list of
+indices) and the two counts the controllers' elasticities need (one transfer). Exact steps add the
+k-th value of torch.topk and one histogram per radix round. The reduced region is kept with its
+repeated indices (summed into the first, 0 elsewhere) so that no sync sizes a unique set.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
-from sparse_asr.compression.selection import isin_sorted, kth_largest_magnitude_radix, threshold_indices, topk_threshold_select
+from sparse_asr.compression.selection import intersect_unique, kth_largest_magnitude_radix, threshold_indices, threshold_select, topk_threshold_select
 
-# A reused threshold is lowered by a factor (1 - s) when its count fell below 3k/4 and raised by
-# (1 + s) above 5k/4. s starts at NUDGE and doubles, up to MAX_NUDGE, while the count stays out of
-# that band on the same side (the error-feedback transient after a cold start pushes the count
-# up for tens of steps); it falls back to NUDGE once the count is back or crosses over.
-NUDGE = 0.01
-MAX_NUDGE = 0.16
 # Repartition histogram: about 4 selected entries per rank per bin, at most 1024 bins (its
 # allreduce then costs ~2% of the pairs' volume at k = 500, far less for real models).
 MAX_HISTOGRAM_BINS = 1024
+# Global radix select: at most one bin per 128 selected entries (the histograms stay a fraction
+# of a percent of the pairs' volume), between 256 (4 rounds over 31 bits) and 4096 (2 rounds
+# when the first is centred on the reused threshold).
+RADIX_BINS = (256, 4096)
 MIN_THRESHOLD = float(torch.finfo(torch.float32).tiny)  # never select exact zeros
+MAX_STEP = math.log(2.0)  # a reused threshold moves by at most a factor 2 per step
+MAX_DRIFT = 0.25
+MAX_ELASTICITY = 64.0
+ELASTICITY_STEP = 0.02  # the elasticity is measured between t and t * (1 + this)
 REDUCE_TAG = 4711
+REBALANCE_TAG = 4712
 PHASES = ("repartition", "reduce", "global_threshold", "global_count", "rebalance", "allgather")
 
 
-def nudged(threshold: float, last_nudge: float, count: int, k: int) -> tuple[float, float]:
-    """(threshold for the next step, signed nudge applied), given the count it selected this step
-    and the nudge applied before (0.0 after an exact recomputation or a count in band)."""
-    if 0.75 * k <= count <= 1.25 * k:
-        return threshold, 0.0
-    direction = 1.0 if count > 1.25 * k else -1.0
-    size = min(2 * abs(last_nudge), MAX_NUDGE) if last_nudge * direction > 0 else NUDGE
-    return max(threshold * (1.0 + direction * size), MIN_THRESHOLD), direction * size
+@dataclass
+class CountController:
+    """Steers a reused threshold toward selecting exactly k entries.
+
+    After a step that selected `count` entries with threshold t, where the count falls by a factor
+    (1 + d)^-e when the threshold rises by (1 + d) (e, the elasticity, measured on the selected
+    values just above t), the threshold that would have selected k is estimated as
+        ideal = t * (count / k)^(1 / e)
+    and the next step's threshold is
+        t * (ideal / t)^count_gain * exp(drift)     (a factor in [1/2, 2])
+    where drift, a moving average (weight drift_gain) of the step-to-step change of log(ideal),
+    follows the steady rise of the ideal threshold under error feedback (the residual grows
+    between selections), which the proportional term alone would trail by a constant offset.
+    Dividing by the measured e matters: it grows from ~2 to ~16 over a few hundred steps as
+    error feedback piles entries up just below the threshold, and a fixed exponent
+    (count / k)^gamma that suits the start then oscillates with a growing amplitude."""
+
+    count_gain: float
+    drift_gain: float
+    threshold: float = 0.0
+    drift: float = 0.0  # moving average of log(ideal_s / ideal_{s-1})
+    ideal: float = 0.0  # the last step's ideal threshold (0: unknown)
+
+    def exact(self, threshold: float, guard: bool) -> None:
+        """The threshold was recomputed exactly. If the guard did it, the reused threshold was far
+        off: the drift learned so far is forgotten."""
+        self.threshold = max(threshold, MIN_THRESHOLD)
+        if guard:
+            self.drift, self.ideal = 0.0, 0.0
+
+    def update(self, count: int, k: int, elasticity: float) -> None:
+        """After a step that selected `count` entries with `threshold` (see the class)."""
+        if self.threshold <= MIN_THRESHOLD and count < k:
+            return  # fewer than k nonzeros: the count says nothing about the threshold
+        miss = math.log(max(count, 1) / k) / min(max(elasticity, 1.0), MAX_ELASTICITY)  # log(ideal / t)
+        ideal = self.threshold * math.exp(miss)
+        if self.ideal > 0:
+            change = math.log(ideal / self.ideal)
+            self.drift = min(max(self.drift + self.drift_gain * (change - self.drift), -MAX_DRIFT), MAX_DRIFT)
+        self.ideal = ideal
+        step = min(max(self.count_gain * miss + self.drift, -MAX_STEP), MAX_STEP)
+        self.threshold = max(self.threshold * math.exp(step), MIN_THRESHOLD)
 
 
-def above(indices: torch.Tensor, values: torch.Tensor, threshold: float):
-    keep = values.abs() >= threshold
-    return indices[keep], values[keep]
+def elasticity(count: int, count_above: int) -> float:
+    """|d log count / d log threshold| just above the threshold t, from the `count` selected
+    entries and the `count_above` of them >= t * (1 + ELASTICITY_STEP)."""
+    return math.log(max(count, 1) / max(count_above, 1)) / math.log1p(ELASTICITY_STEP)
 
 
 def in_guard_band(count: int, k: int) -> bool:
@@ -94,17 +147,61 @@ def balanced_regions(hist: torch.Tensor, numel: int, parts: int) -> list[int]:
     return bounds + [numel]
 
 
+def sum_sorted_runs(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`indices` is a concatenation of runs each sorted ascending (one per sender). Returns them
+    sorted, with the values of a repeated index summed into its first position (in run order) and
+    0 in the others, which fall below any threshold (so no host sync sizes a set of unique
+    indices)."""
+    order = stable_order(indices)
+    ordered, vals = indices[order], values[order]
+    first = torch.ones(ordered.shape, dtype=torch.bool, device=ordered.device)
+    first[1:] = ordered[1:] != ordered[:-1]
+    segment = torch.cumsum(first, 0) - 1
+    sums = torch.zeros_like(vals).index_add_(0, segment, vals)
+    return ordered, torch.where(first, sums[segment], torch.zeros_like(vals))
+
+
+def stable_order(indices: torch.Tensor) -> torch.Tensor:
+    """The permutation that sorts `indices` stably. On CPU numpy's stable sort, a timsort, which
+    merges already sorted runs in about linear time; elsewhere torch.sort."""
+    if indices.device.type == "cpu":
+        return torch.from_numpy(np.argsort(indices.numpy(), kind="stable"))
+    return stable_order_torch(indices)
+
+
+def stable_order_torch(indices: torch.Tensor) -> torch.Tensor:
+    return torch.sort(indices, stable=True).indices
+
+
+def reblock_moves(counts: list[int], shares: list[int]) -> list[tuple[int, int, int, int]]:
+    """(source, destination, first, end) for every run of positions of the owner-ordered sequence
+    of pairs that moves when owner blocks of `counts` pairs are re-cut into blocks of `shares`."""
+    have, want = np.cumsum([0] + counts), np.cumsum([0] + shares)
+    moves = []
+    for src in range(len(counts)):
+        for dst in range(len(shares)):
+            lo, hi = max(have[src], want[dst]), min(have[src + 1], want[dst + 1])
+            if src != dst and hi > lo:
+                moves.append((src, dst, int(lo), int(hi)))
+    return moves
+
+
 @dataclass(frozen=True)
 class OkTopkOptions:
     local_threshold_interval: int = 32  # exact local threshold every N steps (reused in between)
     global_threshold_interval: int = 32  # exact global threshold every N steps
     repartition_interval: int = 64  # regions rebalanced every N steps
+    count_gain: float = 0.5  # share of the estimated threshold error corrected per step (CountController)
+    drift_gain: float = 0.3  # weight of the latest step in the controller's drift estimate
+    rebalance: bool = True  # re-cut the selected pairs to equal shares before the allgatherv (P > 2)
 
     def check(self, name: str) -> None:
-        for f in dataclasses.fields(self):
-            if getattr(self, f.name) < 1:
-                raise ValueError(f"{name}: compression.options.{f.name} must be a positive integer, "
-                                 f"got {getattr(self, f.name)!r}")
+        for key in ("local_threshold_interval", "global_threshold_interval", "repartition_interval"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{name}: compression.options.{key} must be a positive integer, got {getattr(self, key)!r}")
+        for key in ("count_gain", "drift_gain"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"{name}: compression.options.{key} must be in [0, 1], got {getattr(self, key)!r}")
 
 
 class OkTopk(SparseCompressor):
@@ -113,18 +210,17 @@ class OkTopk(SparseCompressor):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        comm, numel = self.comm, self.numel
-        self.local_threshold_interval = self.options.local_threshold_interval
-        self.global_threshold_interval = self.options.global_threshold_interval
-        self.repartition_interval = self.options.repartition_interval
+        comm, numel, options = self.comm, self.numel, self.options
+        self.local_threshold_interval = options.local_threshold_interval
+        self.global_threshold_interval = options.global_threshold_interval
+        self.repartition_interval = options.repartition_interval
+        self.radix_bins = min(max(RADIX_BINS[0], 1 << max(0, (self.k // 128).bit_length() - 1)), RADIX_BINS[1])
         # Everything below is state a checkpoint must carry to resume exactly.
         self.sparse_steps = 0  # exchanges done so far (the intervals count these)
-        self.local_threshold = 0.0
-        self.global_threshold = 0.0
-        self.local_nudge = 0.0  # signed factor last applied to the reused threshold (see nudged)
-        self.global_nudge = 0.0
+        self.local_control = CountController(options.count_gain, options.drift_gain)
+        self.global_control = CountController(options.count_gain, options.drift_gain)
         P = comm.size
-        self.boundaries = [numel * j // P for j in range(P + 1)]  # replaced on the first step
+        self._set_boundaries([numel * j // P for j in range(P + 1)])  # replaced on the first step
 
     @staticmethod
     def cost(n: int, k: int, P: int) -> Cost:
@@ -142,14 +238,13 @@ class OkTopk(SparseCompressor):
 
         # 1. local selection
         with Timer() as t_local:
-            idx, recomputed_local, guard_local = self._select_local(acc, self._due(self.local_threshold_interval))
-            vals = acc[idx]
-        local_threshold_used = self.local_threshold
+            idx, vals, recomputed_local, guard_local = self._select_local(acc, self._due(self.local_threshold_interval))
+        local_threshold_used = self.local_control.threshold
 
         # 2. space repartition
         if repartition:
             with self._phase(figures, "repartition"):
-                self.boundaries = self._repartition(idx)
+                self._set_boundaries(self._repartition(idx))
 
         # 3. reduce to region owners
         with self._phase(figures, "reduce"):
@@ -160,22 +255,20 @@ class OkTopk(SparseCompressor):
             g_idx, g_vals, counts, recomputed_global, guard_global = self._select_global(
                 region_idx, region_vals, self._due(self.global_threshold_interval), figures
             )
-        global_threshold_used = self.global_threshold
+        global_threshold_used = self.global_control.threshold
 
-        # 5. balanced allgather of the selected pairs
-        all_idx, all_vals, imbalance_before, imbalance_after = self._balanced_allgather(g_idx, g_vals, counts, figures)
+        # 5. allgather of the selected pairs
+        all_idx, all_vals, imbalance_before, imbalance_after = self._allgather(g_idx, g_vals, counts, figures)
 
         # Applied on this rank: its selected entries that made it into the global selection.
-        # isin_sorted assumes no order of either array (the original's intersection did).
-        applied = idx[isin_sorted(idx, all_idx)]
+        applied = intersect_unique(idx, all_idx)
 
         count_local, count_global = int(idx.numel()), int(all_idx.numel())
-        if recomputed_local:
-            self.local_nudge = 0.0
-        if recomputed_global:
-            self.global_nudge = 0.0
-        self.local_threshold, self.local_nudge = nudged(self.local_threshold, self.local_nudge, count_local, k)
-        self.global_threshold, self.global_nudge = nudged(self.global_threshold, self.global_nudge, count_global, k)
+        above = torch.stack([(vals.abs() >= local_threshold_used * (1 + ELASTICITY_STEP)).sum(),
+                             (all_vals.abs() >= global_threshold_used * (1 + ELASTICITY_STEP)).sum()]).tolist()
+        local_elasticity, global_elasticity = elasticity(count_local, above[0]), elasticity(count_global, above[1])
+        self.local_control.update(count_local, k, local_elasticity)
+        self.global_control.update(count_global, k, global_elasticity)
         self.sparse_steps += 1
 
         figures.update(
@@ -185,6 +278,10 @@ class OkTopk(SparseCompressor):
             global_count_over_k=count_global / k,
             local_threshold=local_threshold_used,
             global_threshold=global_threshold_used,
+            local_elasticity=local_elasticity,
+            global_elasticity=global_elasticity,
+            local_drift=self.local_control.drift,
+            global_drift=self.global_control.drift,
             recomputed_local_threshold=float(recomputed_local),
             recomputed_global_threshold=float(recomputed_global),
             guard_recomputed_local=float(guard_local),
@@ -216,39 +313,46 @@ class OkTopk(SparseCompressor):
         figures[f"bytes_sent_{name}"] += moved.bytes_sent
         figures[f"seconds_{name}"] += moved.seconds
 
-    def _select_local(self, acc: torch.Tensor, due: bool) -> tuple[torch.Tensor, bool, bool]:
-        """(selected indices, sorted; recomputed exactly?; was that the guard?)."""
+    def _set_boundaries(self, bounds: list[int]) -> None:
+        self.boundaries = bounds
+        self._bounds = torch.tensor(bounds, dtype=torch.int64, device=self.device)  # for searchsorted
+
+    def _select_local(self, acc: torch.Tensor, due: bool):
+        """(selected indices, sorted; acc at them; recomputed exactly?; was that the guard?)."""
         k = self.k
         if not due:
-            idx = threshold_indices(acc, self.local_threshold)
+            idx, vals = threshold_select(acc, self.local_control.threshold)
             if in_guard_band(idx.numel(), k):
-                return idx, False, False
+                return idx, vals, False, False
         idx, t = topk_threshold_select(acc, k)
-        self.local_threshold = max(t, MIN_THRESHOLD)
+        idx = torch.sort(idx).values  # sorted already (cheap) unless a replacement method says otherwise
+        self.local_control.exact(t, guard=not due)
         if t < MIN_THRESHOLD:  # fewer than k nonzeros: never send zeros
             idx = idx[acc[idx].abs() >= MIN_THRESHOLD]
-        return idx, True, not due
+        return idx, acc[idx], True, not due
 
     def _select_global(self, region_idx, region_vals, due: bool, figures: dict):
         """My region's pairs with |value| >= the global threshold, every owner's count of them,
         recomputed exactly?, was that the guard? The counts are exchanged anyway for the
         allgather, so checking the guard band costs nothing unless it fires."""
-        k, comm = self.k, self.comm
+        k, comm, control = self.k, self.comm, self.global_control
         if not due:
-            g_idx, g_vals = above(region_idx, region_vals, self.global_threshold)
+            keep = threshold_indices(region_vals, control.threshold)
             with self._phase(figures, "global_count"):
-                counts = comm.allgather_int(g_idx.numel())
+                counts = comm.allgather_int(keep.numel())
             if in_guard_band(sum(counts), k):
-                return g_idx, g_vals, counts, False, False
+                return region_idx[keep], region_vals[keep], counts, False, False
         with self._phase(figures, "global_threshold"):
             # The regions are disjoint parts of [0, n): total counts fit int32 when n does.
             count_dtype = torch.int32 if self.numel < 2**31 else torch.int64
-            t = kth_largest_magnitude_radix(region_vals, k, lambda h: comm.allreduce_(h), count_dtype)
-        self.global_threshold = max(t, MIN_THRESHOLD)
-        g_idx, g_vals = above(region_idx, region_vals, self.global_threshold)
+            near = control.threshold if control.threshold > MIN_THRESHOLD else None
+            t = kth_largest_magnitude_radix(region_vals, k, lambda h: comm.allreduce_(h), count_dtype,
+                                            near=near, max_bins=self.radix_bins)
+        control.exact(t, guard=not due)
+        keep = threshold_indices(region_vals, control.threshold)
         with self._phase(figures, "global_count"):
-            counts = comm.allgather_int(g_idx.numel())
-        return g_idx, g_vals, counts, True, not due
+            counts = comm.allgather_int(keep.numel())
+        return region_idx[keep], region_vals[keep], counts, True, not due
 
     def _due(self, interval: int) -> bool:
         return self.sparse_steps % interval == 0  # the first step is always due
@@ -272,14 +376,12 @@ class OkTopk(SparseCompressor):
         return balanced_regions(hist.cpu(), n, P)
 
     def _reduce(self, idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Send my pairs (any order) of region j to rank j; return my region's summed pairs (indices sorted,
-        unique) and how many pairs arrived from others. Round i sends to rank+i and receives from
-        rank-i, all posted non-blocking after one count exchange, so no owner is hit by all at once."""
+        """Send my pairs (idx sorted) of region j to rank j; return my region's pairs summed by
+        sum_sorted_runs and how many pairs arrived from others. Round i sends to rank+i and
+        receives from rank-i, all posted non-blocking after one count exchange, so no owner is
+        hit by all at once."""
         comm, P, r = self.comm, self.comm.size, self.comm.rank
-        order = torch.argsort(idx)  # selections come sorted already (cheap); any order works
-        idx, vals = idx[order], vals[order]
-        bounds = torch.tensor(self.boundaries, dtype=idx.dtype, device=idx.device)
-        cuts = torch.searchsorted(idx, bounds).tolist()  # region j is idx[cuts[j]:cuts[j+1]]
+        cuts = torch.searchsorted(idx, self._bounds).tolist()  # region j is idx[cuts[j]:cuts[j+1]]
         send_counts = [cuts[j + 1] - cuts[j] for j in range(P)]
         recv_counts = comm.alltoall_counts(send_counts)
         buf = pack_pairs(idx.to(self.index_dtype), vals)
@@ -295,50 +397,66 @@ class OkTopk(SparseCompressor):
             if send_counts[dst]:
                 requests.append(comm.isend(buf[cuts[dst] * pb : cuts[dst + 1] * pb], dst, tag=REDUCE_TAG))
         comm.waitall(requests)
-        mine = unpack_pairs(buf[cuts[r] * pb : cuts[r + 1] * pb], self.index_dtype)
-        parts = [mine] + [unpack_pairs(b, self.index_dtype) for b in received]
-        all_idx = torch.cat([p[0] for p in parts])
-        all_vals = torch.cat([p[1] for p in parts])
-        region_idx, where = torch.unique(all_idx, sorted=True, return_inverse=True)
-        region_vals = torch.zeros(region_idx.numel(), dtype=torch.float32, device=all_vals.device)
-        region_vals.index_add_(0, where, all_vals)
+        runs = torch.cat([buf[cuts[r] * pb : cuts[r + 1] * pb]] + received)  # each part sorted by index
+        region_idx, region_vals = sum_sorted_runs(*unpack_pairs(runs, self.index_dtype))
         return region_idx, region_vals, sum(recv_counts) - recv_counts[r]
 
-    def _balanced_allgather(self, g_idx: torch.Tensor, g_vals: torch.Tensor, counts: list[int], figures: dict):
+    def _allgather(self, g_idx: torch.Tensor, g_vals: torch.Tensor, counts: list[int], figures: dict):
         """Allgather every owner's selected pairs (concatenated in owner order, hence sorted),
-        after re-blocking them so rank q contributes a contiguous block of about total/P.
-        Returns (indices, values, max/mean contribution before, after)."""
-        comm, P, r = self.comm, self.comm.size, self.comm.rank
+        re-blocked first to equal shares if the `rebalance` option is on (P > 2). Returns (indices,
+        values, max/mean contribution before, after); puts what a re-block moves to this rank
+        (done or not) in figures, for bench/project_scaling.py's model of the allgatherv."""
+        P, r = self.comm.size, self.comm.rank
         pb = pair_bytes(self.index_dtype)
         total = sum(counts)
-        blocks = [total // P + (1 if q < total % P else 0) for q in range(P)]
+        shares = [total // P + (1 if q < total % P else 0) for q in range(P)]
+        moves = [m for m in reblock_moves(counts, shares) if m[1] == r]
+        figures["rebalance_pairs_in"] = float(sum(hi - lo for _, _, lo, hi in moves))
+        figures["rebalance_messages_in"] = float(len(moves))
         buf = pack_pairs(g_idx.to(self.index_dtype), g_vals)
-        if counts != blocks:
-            start = sum(counts[:r])
-            send = []
-            for q in range(P):
-                b_start = sum(blocks[:q])
-                overlap = min(start + counts[r], b_start + blocks[q]) - max(start, b_start)
-                send.append(max(0, overlap) * pb)
+        rebalance = self.options.rebalance and P > 2  # at P = 2 the excess would cross the one link either way
+        if rebalance and counts != shares:
             with self._phase(figures, "rebalance"):
-                buf, _ = comm.alltoallv(buf, send)  # arrives in source order: my block, in order
+                buf = self._reblock(buf, counts, shares, pb)
+        sizes = shares if rebalance else counts
         with self._phase(figures, "allgather"):
-            out, _ = comm.allgatherv(buf, counts=[b * pb for b in blocks])
+            out, _ = self.comm.allgatherv(buf, counts=[s * pb for s in sizes])
         indices, values = unpack_pairs(out, self.index_dtype)
         mean = total / P
         before = max(counts) / mean if total else 1.0
-        after = max(blocks) / mean if total else 1.0
+        after = max(sizes) / mean if total else 1.0
         return indices, values, before, after
+
+    def _reblock(self, buf: torch.Tensor, counts: list[int], shares: list[int], pb: int) -> torch.Tensor:
+        """My `shares[r]` pairs of the owner-ordered sequence of all selected pairs, from the
+        owners' `counts[q]`-pair blocks: point-to-point, every size known from the counts."""
+        comm, r = self.comm, self.comm.rank
+        start = sum(counts[:r])  # my block's first position in the sequence
+        my_first = sum(shares[:r])
+        pieces, requests = [], []
+        for src, dst, lo, hi in reblock_moves(counts, shares):
+            if dst == r:
+                pieces.append((lo, torch.empty((hi - lo) * pb, dtype=torch.uint8, device=buf.device)))
+                requests.append(comm.irecv(pieces[-1][1], src, tag=REBALANCE_TAG))
+            elif src == r:
+                requests.append(comm.isend(buf[(lo - start) * pb : (hi - start) * pb], dst, tag=REBALANCE_TAG))
+        kept_lo, kept_hi = max(start, my_first), min(start + counts[r], my_first + shares[r])
+        if kept_hi > kept_lo:
+            pieces.append((kept_lo, buf[(kept_lo - start) * pb : (kept_hi - start) * pb]))
+        comm.waitall(requests)
+        return torch.cat([piece for _, piece in sorted(pieces, key=lambda p: p[0])]) if pieces else buf[:0]
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
         state = super().state_dict()
         state.update(
             sparse_steps=self.sparse_steps,
-            local_threshold=self.local_threshold,
-            global_threshold=self.global_threshold,
-            local_nudge=self.local_nudge,
-            global_nudge=self.global_nudge,
+            local_threshold=self.local_control.threshold,
+            global_threshold=self.global_control.threshold,
+            local_drift=self.local_control.drift,
+            global_drift=self.global_control.drift,
+            local_ideal=self.local_control.ideal,
+            global_ideal=self.global_control.ideal,
             boundaries=list(self.boundaries),
         )
         return state
@@ -352,8 +470,10 @@ class OkTopk(SparseCompressor):
             )
         super().load_state_dict(state)
         self.sparse_steps = int(state["sparse_steps"])
-        self.local_threshold = float(state["local_threshold"])
-        self.global_threshold = float(state["global_threshold"])
-        self.local_nudge = float(state["local_nudge"])
-        self.global_nudge = float(state["global_nudge"])
-        self.boundaries = bounds
+        self.local_control.threshold = float(state["local_threshold"])
+        self.global_control.threshold = float(state["global_threshold"])
+        self.local_control.drift = float(state["local_drift"])
+        self.global_control.drift = float(state["global_drift"])
+        self.local_control.ideal = float(state["local_ideal"])
+        self.global_control.ideal = float(state["global_ideal"])
+        self._set_boundaries(bounds)

@@ -10,9 +10,15 @@ Checks (each asserts; any failure exits non-zero on every rank):
             are still cleared exactly on S_r ∩ G on the recompute steps (the original's bug)
   volume    bytes received per rank per step, averaged over 64 steps, <= 6k(P-1)/P words
   resume    a state_dict round trip mid-run continues bit-identically
+  tracks    the count controller: on bench/comm_volume.py's gradients, the mean global and local
+            counts after the first 16 of 64 steps are within 5% of k
+  rebalance the allgather without the re-cut to equal shares (option rebalance, on by default):
+            exact against the reference, invariants over 40 default steps, shares as counted
 """
+import importlib.util
 import sys
 import traceback
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -73,9 +79,9 @@ def reference_step(acc: np.ndarray, k: int):
     return total / acc.shape[0], residuals
 
 
-def check_exact():
+def check_exact(**options):
     n, density, steps = 5000, 0.01, 6
-    comp = OkTopk(comm, n, density, local_threshold_interval=1, global_threshold_interval=1, repartition_interval=1)
+    comp = OkTopk(comm, n, density, local_threshold_interval=1, global_threshold_interval=1, repartition_interval=1, **options)
     rng = np.random.default_rng(7 + RANK)
     scale = np.exp(np.random.default_rng(3).normal(0, 1, n))  # shared: ranks' large entries overlap
     for step in range(steps):
@@ -202,7 +208,53 @@ def check_resume():
         assert torch.equal(fa, fb) and torch.equal(a.residual, b.residual), f"resumed run diverged at step {step}"
 
 
-CHECKS = {"exact": check_exact, "default": check_default, "unsorted": check_unsorted, "volume": check_volume, "resume": check_resume}
+def comm_volume_gradients():
+    """bench/comm_volume.py's GradientSource class (bench/ is not a package)."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "comm_volume.py"
+    spec = importlib.util.spec_from_file_location("comm_volume", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.GradientSource
+
+
+def check_tracks():
+    n, density, steps, settle = 50000, 0.02, 64, 16
+    comp = OkTopk(comm, n, density)
+    source = comm_volume_gradients()(n, RANK)
+    local, glob = [], []
+    for step in range(steps):
+        stats = comp.step(source.gradient(step))
+        local.append(stats.selected_local / comp.k)
+        glob.append(stats.selected_global / comp.k)
+    local_mean, global_mean = np.mean(local[settle:]), np.mean(glob[settle:])
+    print(f"tracks P={P} rank {RANK}: mean count / k over steps {settle}..{steps - 1}: local {local_mean:.3f}, "
+          f"global {global_mean:.3f}")
+    assert 0.95 <= local_mean <= 1.05, f"local count / k {local_mean:.3f}: {np.round(local, 2)}"
+    assert 0.95 <= global_mean <= 1.05, f"global count / k {global_mean:.3f}: {np.round(glob, 2)}"
+
+
+def check_rebalance():
+    """The default checks run with the re-cut (P > 2): here without it, and the shares checked both ways."""
+    check_exact(rebalance=False)
+    n, density, steps = 20000, 0.01, 40
+    for rebalance in (False, True):
+        check_rebalanced_steps(OkTopk(comm, n, density, rebalance=rebalance), CorrelatedGradients(n, seed=2), steps)
+
+
+def check_rebalanced_steps(comp, grads, steps):
+    log = []
+    for step in range(steps):
+        stats = check_step_invariants(comp, grads.next(), step, log)
+        check_regions(comp)
+        total, before, after = stats.selected_global, stats.extra["allgather_imbalance_before"], stats.extra["allgather_imbalance_after"]
+        if comp.options.rebalance and P > 2:  # equal shares (at P = 2 the re-cut is skipped)
+            assert after * total / P <= -(-total // P) + 1e-9 and after <= before + 1e-12, stats.extra
+        else:
+            assert after == before, stats.extra
+
+
+CHECKS = {"exact": check_exact, "default": check_default, "unsorted": check_unsorted, "volume": check_volume,
+          "resume": check_resume, "tracks": check_tracks, "rebalance": check_rebalance}
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
