@@ -16,6 +16,7 @@ import torch
 
 from sparse_asr.data.audio import AudioError
 from sparse_asr.data.manifest import ManifestError, audio_problem
+from sparse_asr.training.checkpoint import CheckpointError
 from sparse_asr.training.config import ConfigError
 
 LOCAL_RANK_VARIABLES = ("MPI_LOCALRANKID", "PMI_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PALS_LOCAL_RANKID",
@@ -121,7 +122,8 @@ class Watchdog:
 
 # Errors whose message says all a user needs (the file, line or key, and what is wrong): printed without
 # a traceback unless SPARSE_ASR_TRACEBACK=1. Anything else is a bug or an environment problem: traceback.
-USER_ERRORS = (ConfigError, ManifestError, AudioError, FileNotFoundError, FileExistsError, KeyboardInterrupt)
+USER_ERRORS = (ConfigError, ManifestError, AudioError, CheckpointError, FileNotFoundError, FileExistsError,
+               KeyboardInterrupt)
 
 
 def run_or_abort(comm, fn, *args):
