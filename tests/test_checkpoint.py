@@ -283,8 +283,8 @@ def test_a_checkpoint_that_does_not_fit_the_trainer_is_refused(an4_manifests, tm
 
     dense, oktopk = trainer("dense", "dense"), trainer("ok", "oktopk")
     with pytest.raises(CheckpointError, match="compressor state does not fit this run: missing boundaries, "
-                                              "global_nudge, global_threshold, local_nudge, local_threshold, "
-                                              "residual, sparse_steps"):
+                                              "global_drift, global_ideal, global_threshold, local_drift, "
+                                              "local_ideal, local_threshold, residual, sparse_steps"):
         oktopk.load_training_state(dense.training_state())
     # warmup_steps 'auto' (5% of the run's steps) is fixed when a run starts: 1 epoch of 4 steps = none.
     # Resumed with 40 epochs it stays none, and the state fits (160 steps would make it 8).
