@@ -1,13 +1,15 @@
 #!/bin/bash
 # Every algorithm x density x rank count, each run with its own name (<prefix>-<algorithm>-d<density>-p<P>)
-# so the runs sit side by side in TensorBoard. Dense ignores the density, so it runs once per P.
+# so the runs sit side by side in TensorBoard. Dense and PowerSGD ignore the density, so they run once per P
+# (<prefix>-<algorithm>-p<P>).
 # Locally the runs go one after another (mpiexec); on a cluster each becomes one job (submit helper).
 #   scripts/sweep.sh -c configs/X.yaml [--scheduler local|pbs|slurm] [--dry-run] [key=value ...]
 set -euo pipefail
 REPO=$(realpath "$(dirname "$0")/..")
 source "$REPO/scripts/lib/args.sh"
 
-ALL_ALGORITHMS="dense topka topkdsa gtopk gaussiank oktopk" # the names in compression/__init__.py
+ALL_ALGORITHMS="dense topka topkdsa gtopk gaussiank oktopk powersgd" # the names in compression/__init__.py
+DENSITY_FREE="dense powersgd" # their volume does not depend on compression.density: one run per P
 
 usage() {
     cat <<EOF
@@ -98,9 +100,9 @@ fi
 # The command for one run, into the array `run_command`.
 make_command() {
     local algorithm=$1 density=$2 P=$3 name nodes ppn
-    if [[ "$algorithm" == dense ]]; then
-        name="$prefix-dense-p$P"
-        run_overrides=("name=$name" "compression.algorithm=dense")
+    if [[ " $DENSITY_FREE " == *" $algorithm "* ]]; then
+        name="$prefix-$algorithm-p$P"
+        run_overrides=("name=$name" "compression.algorithm=$algorithm")
     else
         name="$prefix-$algorithm-d$density-p$P"
         run_overrides=("name=$name" "compression.algorithm=$algorithm" "compression.density=$density")
@@ -127,7 +129,7 @@ for P in "${rank_list[@]}"; do
     for algorithm in "${algorithm_list[@]}"; do
         for density in "${density_list[@]}"; do
             runs+=("$algorithm $density $P")
-            [[ "$algorithm" != dense ]] || break # one dense run per P
+            [[ " $DENSITY_FREE " != *" $algorithm "* ]] || break # one run per P
         done
     done
 done

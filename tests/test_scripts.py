@@ -211,11 +211,15 @@ def test_sweep_local_dry_run_lists_every_run_with_a_distinct_name():
 
 
 def test_sweep_defaults_cover_all_algorithms():
+    from sparse_asr.compression import COMPRESSORS
+
     lines = ok(["scripts/sweep.sh", "-c", CONFIG, "--dry-run"])
-    # 2 rank counts x (dense + 5 sparse algorithms x 2 densities)
-    assert len(lines) == 2 * (1 + 5 * 2)
+    # 2 rank counts x (dense + powersgd + 5 sparse algorithms x 2 densities)
+    assert len(lines) == 2 * (2 + 5 * 2)
     algorithms = {shlex.split(line)[8].split("=")[1] for line in lines}
-    assert algorithms == {"dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk"}
+    assert algorithms == set(COMPRESSORS)  # a new compressor must be added to the sweep's list
+    names = {shlex.split(line)[7] for line in lines}
+    assert {"name=cluster-powersgd-p2", "name=cluster-powersgd-p4"} <= names  # once per P, like dense
 
 
 def test_sweep_pbs_and_slurm_dry_runs_print_submit_commands():
