@@ -1,6 +1,6 @@
 #!/bin/bash
 # Accuracy of every gradient exchange on one config: each algorithm trains at the same P, seed and epochs
-# (mpiexec -n P train.py ... name=<algorithm>), then ONE table (final/best dev WER, test WER and CER, bytes
+# (mpiexec -n P train.py ... name=<run>), then ONE table (final/best dev WER, test WER and CER, bytes
 # received per rank per step, time per step) and curves against step and cumulative bytes received
 # (scripts/compare_runs.py), all in the output directory. A run that was interrupted resumes from its
 # last checkpoint when the same command is given again.
@@ -18,9 +18,12 @@ usage: bash bench/accuracy.sh [options] [key=value ...]
   -n, --ranks P            MPI ranks of every run (default 4)
   -e, --epochs N           train.epochs of every run (default: the config's)
       --seed S             seed of every run (default: the config's)
-  -a, --algorithms "A ..." default: $DEFAULT_ALGORITHMS (any registered algorithm)
+  -a, --algorithms "A ..." default: $DEFAULT_ALGORITHMS (any registered algorithm). An entry
+                           ALG:KEY=VALUE[:KEY=VALUE] sets compression.options of that run only and names
+                           it ALG-KEYVALUE..., e.g. powersgd:matrix_approximation_rank=4 runs as
+                           powersgd-matrix_approximation_rank4 beside powersgd (its default rank)
   -o, --out DIR            output directory (default bench/results/accuracy-<config>-p<P>[-e<N>]):
-                           runs/<algorithm>/ (each run), logs/<algorithm>.log, accuracy.md (the table),
+                           runs/<run>/ (each run), logs/<run>.log, accuracy.md (the table),
                            results.csv, curves_vs_{step,bytes,wall_time}.png, wer_vs_time.md
   -j, --jobs N             runs at a time (default 1: one after another, they share the cores)
       --dry-run            print the commands; run nothing
@@ -60,9 +63,22 @@ require_positive_int "--ranks" "$ranks"
 require_positive_int "--jobs" "$jobs"
 [[ -z "$epochs" ]] || require_positive_int "--epochs" "$epochs"
 [[ -z "$seed" || "$seed" =~ ^[0-9]+$ ]] || die "--seed must be an integer >= 0, got '$seed'"
-read -r -a algorithm_list <<<"$algorithms"
-((${#algorithm_list[@]})) || die "no algorithms given"
-[[ $(printf '%s\n' "${algorithm_list[@]}" | sort | uniq -d) == "" ]] || die "an algorithm is listed twice: $algorithms"
+read -r -a entries <<<"$algorithms"
+((${#entries[@]})) || die "no algorithms given"
+# Each entry -> a run name and the overrides of that run alone (the algorithm and its options).
+run_names=() run_overrides=()
+for entry in "${entries[@]}"; do
+    IFS=: read -r -a parts <<<"$entry"
+    name=${parts[0]} own=("compression.algorithm=${parts[0]}")
+    for option in "${parts[@]:1}"; do
+        require_override "compression.options.$option"
+        name+="-${option/=/}"
+        own+=("compression.options.$option")
+    done
+    run_names+=("$name")
+    run_overrides+=("${own[*]}")  # words without spaces (require_override): split again below
+done
+[[ $(printf '%s\n' "${run_names[@]}" | sort | uniq -d) == "" ]] || die "an algorithm is listed twice: $algorithms"
 config_name=$(basename "${config%.*}")
 out=${out:-bench/results/accuracy-$config_name-p$ranks${epochs:+-e$epochs}}
 cd "$REPO"
@@ -72,24 +88,24 @@ common=("distributed.world_size=$ranks")
 [[ -z "$seed" ]] || common+=("seed=$seed")
 common+=("${overrides[@]}")
 
-for algorithm in "${algorithm_list[@]}"; do  # before anything slow
-    run_dir=$out/runs/$algorithm
+for name in "${run_names[@]}"; do  # before anything slow
+    run_dir=$out/runs/$name
     [[ -e "$run_dir/checkpoints/last" || ! -e "$run_dir" ]] ||
         die "$run_dir exists but holds no checkpoint to resume from; remove it to train again"
 done
 
 # Every run's config is checked now (unknown algorithm, bad override, batch not divisible by P), not
 # hours into the benchmark; prints the resolved epochs, seed, global batch and model.
-settings=$(.venv/bin/python - "$config" "$ranks" "${algorithm_list[@]}" -- "${common[@]}" <<'EOF'
+settings=$(.venv/bin/python - "$config" "$ranks" "${run_overrides[@]}" -- "${common[@]}" <<'EOF'
 import sys
 
 from sparse_asr.training.config import ConfigError, load_config
 
 args = sys.argv[1:]
-config, ranks, algorithms, overrides = args[0], int(args[1]), args[2:args.index("--")], args[args.index("--") + 1:]
+config, ranks, runs, overrides = args[0], int(args[1]), args[2:args.index("--")], args[args.index("--") + 1:]
 try:
-    for algorithm in algorithms:
-        cfg = load_config(config, overrides + [f"compression.algorithm={algorithm}"])
+    for run in runs:
+        cfg = load_config(config, overrides + run.split())
 except ConfigError as e:
     sys.exit(f"accuracy.sh: error: {e}")
 if cfg.train.global_batch_size % ranks:
@@ -100,10 +116,11 @@ EOF
 read -r epochs_used seed_used batch model sync_bn <<<"$settings"
 
 commands=() run_dirs=()
-for algorithm in "${algorithm_list[@]}"; do
-    run_dir=$out/runs/$algorithm
+for i in "${!run_names[@]}"; do
+    run_dir=$out/runs/${run_names[$i]}
+    read -r -a own <<<"${run_overrides[$i]}"
     command=(.venv/bin/mpiexec -n "$ranks" .venv/bin/python train.py --config "$config" "out_dir=$out/runs"
-             "name=$algorithm" "compression.algorithm=$algorithm" "${common[@]}")
+             "name=${run_names[$i]}" "${own[@]}" "${common[@]}")
     [[ ! -e "$run_dir/checkpoints/last" ]] || command+=(--resume "$run_dir")
     commands+=("$(shell_join "${command[@]}")")
     run_dirs+=("$run_dir")
@@ -121,13 +138,13 @@ mkdir -p "$out/logs"
 started=$(date '+%Y-%m-%d %H:%M:%S')
 failed=()
 running=0
-for i in "${!algorithm_list[@]}"; do
-    algorithm=${algorithm_list[$i]}
-    echo "accuracy.sh: $algorithm: ${commands[$i]}" >&2
+for i in "${!run_names[@]}"; do
+    name=${run_names[$i]}
+    echo "accuracy.sh: $name: ${commands[$i]}" >&2
     if ((jobs == 1)); then
-        bash -c "${commands[$i]}" 2>&1 | tee "$out/logs/$algorithm.log" || failed+=("$algorithm")
+        bash -c "${commands[$i]}" 2>&1 | tee "$out/logs/$name.log" || failed+=("$name")
     else
-        bash -c "${commands[$i]}" >"$out/logs/$algorithm.log" 2>&1 &
+        bash -c "${commands[$i]}" >"$out/logs/$name.log" 2>&1 &
         running=$((running + 1))
         if ((running >= jobs)); then
             wait -n || failed+=("some run (see $out/logs)")

@@ -80,3 +80,24 @@ def test_a_run_directory_without_checkpoint_is_refused(tmp_path):
     (tmp_path / "acc" / "runs" / "dense").mkdir(parents=True)
     proc = accuracy_sh("-a", "dense", "-o", tmp_path / "acc", "--dry-run")
     assert proc.returncode == 2 and "holds no checkpoint to resume from" in proc.stderr, proc.stderr
+
+
+def test_an_entry_with_options_is_its_own_run(tmp_path):
+    out = tmp_path / "acc"
+    proc = accuracy_sh("-a", "powersgd powersgd:matrix_approximation_rank=4:warm_start=false", "-o", out, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    plain, variant = proc.stdout.splitlines()
+    assert "name=powersgd compression.algorithm=powersgd distributed.world_size=4" in plain
+    assert "compression.options" not in plain
+    assert ("name=powersgd-matrix_approximation_rank4-warm_startfalse compression.algorithm=powersgd "
+            "compression.options.matrix_approximation_rank=4 compression.options.warm_start=false ") in variant
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("powersgd:rank=4", "rank"),  # not an option of PowerSGD: the config check names it
+    ("oktopk:matrix_approximation_rank=4", "matrix_approximation_rank"),
+    ("powersgd:matrix_approximation_rank", "bad override 'compression.options.matrix_approximation_rank'"),
+])
+def test_a_bad_option_entry_fails_before_training(tmp_path, entry, message):
+    proc = accuracy_sh("-a", entry, "-o", tmp_path / "acc", "--dry-run")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
