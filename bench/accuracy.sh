@@ -1,7 +1,8 @@
 #!/bin/bash
 # Accuracy of every gradient exchange on one config: each algorithm trains at the same P, seed and epochs
 # (mpiexec -n P train.py ... name=<run>), then ONE table (final/best dev WER, test WER and CER, bytes
-# received per rank per step, time per step) and curves against step and cumulative bytes received
+# received per rank per step, time per step, and with dense among the runs the step and bytes at which each
+# run first reaches dense's best dev WER within 5%) and curves against step and cumulative bytes received
 # (scripts/compare_runs.py), all in the output directory. A run that was interrupted resumes from its
 # last checkpoint when the same command is given again.
 #   bash bench/accuracy.sh [-c CONFIG] [-n P] [-e EPOCHS] [--seed S] [-a "dense oktopk ..."] [-o DIR] [key=value ...]
@@ -158,7 +159,9 @@ while ((running > 0)); do
 done
 ((${#failed[@]} == 0)) || die "failed: ${failed[*]} (logs in $out/logs)"
 
-.venv/bin/python scripts/compare_runs.py "${run_dirs[@]}" --out "$out" >/dev/null
+target=()  # "reaches dense's WER": the step and bytes at which each run first gets within 5% of it
+[[ " ${run_names[*]} " != *" dense "* ]] || target=(--target-run dense --target-slack 0.05)
+.venv/bin/python scripts/compare_runs.py "${run_dirs[@]}" --out "$out" "${target[@]}" >/dev/null
 .venv/bin/python bench/wer_vs_time.py "${run_dirs[@]}" >"$out/wer_vs_time.md"
 {
     echo "# Accuracy: $config_name, $model, $ranks rank(s), $epochs_used epochs, seed $seed_used"
@@ -168,6 +171,7 @@ done
     echo
     echo "Global batch $batch, model.sync_batchnorm $sync_bn. Bytes are received per rank: bytes_recv_per_step by"
     echo "the gradient exchange, syncbn_bytes_per_step by synchronized BatchNorm. Times in ms per optimizer step."
+    ((${#target[@]} == 0)) || echo "step_at_target, bytes_at_target: the first dev evaluation at WER <= target_dev_wer (dense's best x 1.05)."
     echo "Trained $started to $(date '+%Y-%m-%d %H:%M:%S') on $(nproc) cores, $jobs run(s) at a time;"
     echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg). Every epoch: wer_vs_time.md."
     echo

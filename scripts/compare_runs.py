@@ -11,7 +11,10 @@ Writes, under --out:
       one row per run: algorithm, density, P, steps, final/best dev WER, final dev CER, test WER and
       CER, bytes received per rank (in all and per step: the gradient exchange), synchronized
       BatchNorm's bytes per step (comm/syncbn_bytes_recv), mean compute / selection / communication
-      / step time.
+      / step time. With --target-wer W (or --target-run NAME: W = that run's best dev WER x (1 +
+      --target-slack), "reaches dense's WER within 5%" by default) three more columns: target_dev_wer,
+      and step_at_target and bytes_at_target, the step of the first dev evaluation at WER <= W and
+      the bytes each rank had received by then (empty: never reached).
 A tag a run never logged leaves its cells empty (and its curve out of the plot), never NaN errors.
 """
 from __future__ import annotations
@@ -114,7 +117,21 @@ def load_run(run_dir: str | Path) -> Run:
 
 
 # ---------------------------------------------------------------------------------------- table
-def summarize(run: Run) -> dict:
+def first_reaching(run: Run, target_wer: float) -> tuple[int | None, float | None]:
+    """(step, cumulative bytes received per rank) at the first dev evaluation with WER <= target_wer."""
+    c = run.curves
+    if "val/wer" not in c:
+        return None, None
+    reached = np.flatnonzero(c["val/wer"].values <= target_wer)
+    if not reached.size:
+        return None, None
+    step = int(c["val/wer"].steps[reached[0]])
+    if "comm/cum_bytes_recv" not in c:
+        return step, None
+    return step, float(nearest_values(c["comm/cum_bytes_recv"], np.array([step]))[0])
+
+
+def summarize(run: Run, target_wer: float | None = None) -> dict:
     c = run.curves
 
     def last(tag):
@@ -136,7 +153,7 @@ def summarize(run: Run) -> dict:
         steps = int(max(curve.steps[-1] for curve in c.values()))
     bytes_total = last("comm/cum_bytes_recv")
     bytes_at = int(c["comm/cum_bytes_recv"].steps[-1]) if bytes_total is not None else 0
-    return {
+    row = {
         "run": run.name,
         "model": run.config_value("model.name"),
         "algorithm": algorithm,
@@ -156,6 +173,10 @@ def summarize(run: Run) -> dict:
         "communication_ms": mean_ms("time/communication"),
         "step_ms": mean_ms("time/step"),
     }
+    if target_wer is not None:
+        step, nbytes = first_reaching(run, target_wer)
+        row.update(target_dev_wer=target_wer, step_at_target=step, bytes_at_target=nbytes)
+    return row
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -256,6 +277,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", help="run directories (runs/<name>) holding event files and config.yaml")
     parser.add_argument("--out", required=True, help="directory for the plots and results.{csv,md}")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--target-wer", type=float, help="dev WER whose first reaching step and bytes are tabled")
+    target.add_argument("--target-run", help="the target is this run's best dev WER x (1 + --target-slack)")
+    parser.add_argument("--target-slack", type=float, default=0.05, help="relative slack of --target-run")
     args = parser.parse_args(argv)
 
     names = [Path(d).name for d in args.run_dirs]
@@ -263,10 +288,18 @@ def main(argv=None) -> int:
     if duplicates:
         raise SystemExit(f"compare_runs: runs with the same directory name would share a legend entry: {duplicates}")
     runs = [load_run(d) for d in args.run_dirs]
+    target_wer = args.target_wer
+    if args.target_run is not None:
+        by_name = {run.name: run for run in runs}
+        if args.target_run not in by_name:
+            raise SystemExit(f"compare_runs: --target-run {args.target_run!r} is not among the runs {sorted(by_name)}")
+        if "val/wer" not in by_name[args.target_run].curves:
+            raise SystemExit(f"compare_runs: --target-run {args.target_run!r} logged no dev WER (val/wer)")
+        target_wer = float(np.min(by_name[args.target_run].curves["val/wer"].values)) * (1 + args.target_slack)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    table = pd.DataFrame([summarize(run) for run in runs])
+    table = pd.DataFrame([summarize(run, target_wer) for run in runs])
     table.to_csv(out_dir / "results.csv", index=False)
     markdown = markdown_table(table)
     (out_dir / "results.md").write_text(markdown)

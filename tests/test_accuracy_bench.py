@@ -51,6 +51,10 @@ def test_tiny_benchmark_writes_one_table_of_real_figures(an4_manifests, tmp_path
         assert float(row["syncbn_bytes_per_step"]) == syncbn, row
         assert (out / "runs" / algorithm / "checkpoints" / "last" / "manifest.json").is_file()
         assert f"done: {out / 'runs' / algorithm}" in (out / "logs" / f"{algorithm}.log").read_text()
+    # dense reaches its own best dev WER (x 1.05) by definition, at a step of the run and the bytes received by then
+    dense = rows["dense"]
+    assert float(dense["target_dev_wer"]) == pytest.approx(float(dense["best_dev_wer"]) * 1.05, rel=1e-3)
+    assert 1 <= int(dense["step_at_target"]) <= 2 and float(dense["bytes_at_target"]) > 0, dense
     dense_bytes = ring_allreduce_bytes(sum(p.numel() for p in build_model("lstman4_tiny").parameters()), 2)
     assert float(rows["dense"]["bytes_recv_per_step"]) == pytest.approx(dense_bytes, rel=1e-3)
     assert float(rows["topka"]["bytes_recv_per_step"]) < dense_bytes / 5  # density 0.05

@@ -131,6 +131,29 @@ def test_table_holds_exactly_what_was_logged(two_runs, tmp_path):
     check_plots(out, 2)
 
 
+@pytest.mark.parametrize("target, expected", [
+    # dense-p2's best dev WER 0.625 x 1.05 = 0.65625: ok-p4 reaches it at its step-20 evaluation (bytes at the
+    # nearest logged step, 18), dense-p2 at step 30
+    (["--target-run", "dense-p2"], {"ok-p4": (20, 18 * 1024.0), "dense-p2": (30, 30 * 4096.0)}),
+    (["--target-wer", "0.8"], {"ok-p4": (10, 9 * 1024.0), "dense-p2": (30, 30 * 4096.0)}),
+    (["--target-wer", "0.1"], {"ok-p4": (None, None), "dense-p2": (None, None)}),  # never reached: empty cells
+])
+def test_step_and_bytes_at_a_target_wer(two_runs, tmp_path, target, expected):
+    out = tmp_path / "compare"
+    proc = compare(*two_runs, "--out", out, *target)
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(out / "results.csv").replace({np.nan: None})
+    got = {r["run"]: (r["step_at_target"], r["bytes_at_target"]) for r in table.to_dict("records")}
+    assert got == expected
+    wer = 0.625 * 1.05 if target[0] == "--target-run" else float(target[1])
+    assert table["target_dev_wer"].tolist() == pytest.approx([wer, wer])
+
+
+def test_target_run_must_be_one_of_the_runs(two_runs, tmp_path):
+    proc = compare(*two_runs, "--out", tmp_path / "compare", "--target-run", "dense-p4")
+    assert proc.returncode != 0 and "--target-run 'dense-p4' is not among the runs" in proc.stderr
+
+
 def test_curve_coordinates(two_runs):
     a, _ = two_runs
     run = compare_runs.load_run(a)
