@@ -32,7 +32,7 @@ per-tensor algorithms look at them: PowerSGD's volume follows from the shapes al
 per matrix, vectors sent whole), so its row means something only with a real model's shapes; on
 synthetic vectors it sends everything uncompressed, like dense.
 
-Closed forms: each algorithm's own `cost(n, k, P)` (4-byte words received per rank per step, k =
+Closed forms: each algorithm's own `cost(n, k, P, shapes, options)` (4-byte words received per rank per step, k =
 round(density * n), a pair = 2 words; see its file; PowerSGD's from the shapes, not k). The measured
 column is words received per rank (mean over ranks; max over ranks in brackets); for gTopk the model
 counts the root's receives and sends together.
@@ -50,8 +50,7 @@ import yaml
 
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import COMPRESSORS, build_compressor, parse_options
-from sparse_asr.compression.powersgd import PowerSGD
-from sparse_asr.models import MODELS, build_model
+from sparse_asr.models import model_with_numel
 from sparse_asr.training.logging import reduce_over_ranks
 
 LAYERS = 40
@@ -83,20 +82,11 @@ class GradientSource:
 def parameter_shapes(numel: int, source: GradientSource) -> tuple[list[torch.Size], str]:
     """(shapes, where they come from): a model's real parameter shapes when `numel` is its parameter count,
     else the synthetic layers as vectors (see the module docstring)."""
-    for name in MODELS:
-        shapes = [p.shape for p in build_model(name).parameters()]
-        if sum(s.numel() for s in shapes) == numel:
-            return shapes, f"{name}'s {len(shapes)} parameter tensors"
+    model = model_with_numel(numel)
+    if model is not None:
+        name, shapes = model
+        return shapes, f"{name}'s {len(shapes)} parameter tensors"
     return [torch.Size([n]) for n in source.layer_sizes], f"{LAYERS} synthetic layers as vectors"
-
-
-def closed_form(name: str, numel: int, k: int, P: int, shapes, options: dict):
-    """The algorithm's cost(n, k, P); PowerSGD's volume follows from the parameter shapes and its rank instead of k."""
-    if name == PowerSGD.name:
-        o = parse_options(name, PowerSGD.Options, options)
-        return PowerSGD.cost(numel, k, P, shapes=shapes, matrix_approximation_rank=o.matrix_approximation_rank,
-                             min_compression_rate=o.min_compression_rate)
-    return COMPRESSORS[name].cost(numel, k, P)
 
 
 def measure(comm, name, numel, density, steps, source, shapes, options, settle: int = 16) -> dict:
@@ -155,7 +145,7 @@ def table(records: list[dict], P: int, numel: int, density: float, steps: int, s
         )
     lines += ["", "recv/model: the busiest rank's received words over the model's (upper) value. gtopk's model "
               "counts the root's receives and sends along the critical path, so its root receives exactly half."]
-    if any(r["algorithm"] == PowerSGD.name for r in records):
+    if any(r["algorithm"] == "powersgd" for r in records):
         lines += ["powersgd: density = entries sent per rank (P and Q of every compressed matrix, vectors whole) / n, "
                   "i.e. 1 / its compression rate; its update itself is dense."]
     if records and records[0]["options"]:
@@ -199,7 +189,7 @@ def main():
     for name in algorithms:
         mine = measure(comm, name, args.numel, args.density, args.steps, source, shapes, options)
         figures = reduce_over_ranks(comm, mine)
-        cost = closed_form(name, args.numel, k, P, shapes, options)
+        cost = COMPRESSORS[name].cost(args.numel, k, P, shapes, parse_options(name, COMPRESSORS[name].Options, options))
         records.append({
             "algorithm": name, "P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps,
             "options": options,

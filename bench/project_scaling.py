@@ -1,6 +1,7 @@
 """Project each algorithm's communication and step time to P = 4 ... 256 GPUs with an alpha-beta model.
 
-    .venv/bin/python bench/project_scaling.py [--measured bench/results/comm_volume_P*.json] [--density 0.02] [--out DIR]
+    .venv/bin/python bench/project_scaling.py [--measured bench/results/comm_volume_P*.json] [--density 0.02]
+        [--options powersgd.matrix_approximation_rank=4 ...] [--out DIR]
 
 Per algorithm and rank count P, the communication time per optimizer step is
     t_comm(P) = alpha * messages(P) + beta * bytes(P)
@@ -11,11 +12,14 @@ and the step time is t_compute(P) + t_selection + t_comm(P) (the trainer exchang
 backward pass, without overlap). Speedup = dense step time / algorithm step time at the same P.
 
 Volumes and message counts (per rank per step, application level as comm/communicator.py counts them):
-each algorithm's own closed form, `Cost.typical` and `Cost.messages` of its `cost(n, k, P)` (DESIGN 4 and
+each algorithm's own closed form, `Cost.typical` and `Cost.messages` of its `cost(n, k, P, shapes, options)` (DESIGN 4 and
 Li & Hoefler, PPoPP'22, Table 1; see the algorithm's file), n = numel, k = round(density * n):
     dense      ring allreduce 2n(P-1)/P words; topka 2k(P-1); gaussiank 2k(P-1); gtopk 4k ceil(log2 P);
     topkdsa    reduce-scatter 2k(P-1)/P + allgather of the union of independent selections (dense past n/3);
-    oktopk     split-reduce 2k(P-1)/P + balanced allgatherv 2k(P-1)/P = 4k(P-1)/P (bounds 2k..6k (P-1)/P).
+    oktopk     split-reduce 2k(P-1)/P + balanced allgatherv 2k(P-1)/P = 4k(P-1)/P (bounds 2k..6k (P-1)/P);
+    powersgd   ring allreduces of the low-rank factors and the uncompressed tensors, 2(P-1)/P words per entry:
+               r(rows + cols) per matrix of lstman4's real shapes (when --numel is a registered model's
+               parameter count), independent of the density; --options powersgd.matrix_approximation_rank=R.
 Measured points (--measured: the JSON files of bench/comm_volume.py --json, one per P) replace the closed
 form at their P: bytes_recv_max and messages_max (messages sent; for gTopk bytes_recv_max + bytes_sent_max
 and 2 x messages_max, the root's receives and sends). In between and beyond, the closed form is scaled by
@@ -48,6 +52,7 @@ both interpolated in log2 P between measured P and held beyond them).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -60,22 +65,35 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import yaml
 
-from sparse_asr.compression import COMPRESSORS
+from sparse_asr.compression import COMPRESSORS, parse_options
+from sparse_asr.models import model_with_numel
 
-ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk"]
+ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk", "powersgd"]  # table column order
+DENSITY_FREE = {"dense", "powersgd"}  # volumes that do not depend on the density (tabled at density 1)
 LSTMAN4_NUMEL = 27_569_568  # DESIGN 5
 WORD = 4  # bytes: a float32 value or an int32 index
 DEFAULT_RANKS = [4, 8, 16, 32, 64, 128, 256]
 
 
-def closed_form(algorithm: str, P: int, numel: int, density: float) -> tuple[float, float]:
-    """(bytes received, messages) by one rank in one step: the algorithm's own typical cost."""
+@functools.lru_cache(maxsize=None)
+def parameter_shapes(numel: int):
+    """A registered model's parameter shapes when it has `numel` parameters, else None (one vector)."""
+    model = model_with_numel(numel)
+    return None if model is None else model[1]
+
+
+def closed_form(algorithm: str, P: int, numel: int, density: float, options: dict | None = None) -> tuple[float, float]:
+    """(bytes received, messages) by one rank in one step: the algorithm's own typical cost, with its
+    compression.options (a dict; {} = the defaults)."""
     if algorithm not in COMPRESSORS:
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {sorted(COMPRESSORS)}")
     if P <= 1:
         return 0.0, 0.0
-    cost = COMPRESSORS[algorithm].cost(numel, max(1, round(density * numel)), P)
+    cls = COMPRESSORS[algorithm]
+    cost = cls.cost(numel, max(1, round(density * numel)), P, parameter_shapes(numel),
+                    parse_options(algorithm, cls.Options, options or {}))
     return cost.typical * WORD, float(cost.messages)
 
 
@@ -88,6 +106,7 @@ class Measured:
     density: float
     bytes: float  # on the critical path, per step (the slowest rank's)
     messages: float  # on the critical path, per step
+    options: dict  # the compression.options it ran with ({} = defaults)
 
 
 def _field(record: dict, names: tuple[str, ...], where: str, required: bool = True):
@@ -127,18 +146,19 @@ def load_measured(path: str | Path) -> list[Measured]:
             algorithm=algorithm,
             P=int(_field(rec, ("P",), where)),
             numel=int(_field(rec, ("numel",), where)),
-            density=1.0 if algorithm == "dense" else float(_field(rec, ("density",), where)),
+            density=1.0 if algorithm in DENSITY_FREE else float(_field(rec, ("density",), where)),
             bytes=nbytes,
             messages=messages,
+            options=dict(rec.get("options") or {}),
         ))
     return out
 
 
-def pick_points(measured: list[Measured], algorithm: str, density: float) -> dict[int, Measured]:
-    """One measured point per P for `algorithm`: the one whose density is closest to the target."""
+def pick_points(measured: list[Measured], algorithm: str, density: float, options: dict) -> dict[int, Measured]:
+    """One measured point per P for `algorithm` with these options: the one whose density is closest."""
     points: dict[int, Measured] = {}
     for m in measured:
-        if m.algorithm != algorithm or m.P <= 1:  # P = 1 communicates nothing: no ratio to calibrate
+        if m.algorithm != algorithm or m.P <= 1 or m.options != options:  # P = 1 communicates nothing
             continue
         if m.P not in points or abs(m.density - density) < abs(points[m.P].density - density):
             points[m.P] = m
@@ -152,7 +172,7 @@ def calibration_ratio(points: dict[int, Measured], P: int) -> tuple[float, float
     ratios = []
     for p in Ps:
         m = points[p]
-        cf_bytes, cf_msgs = closed_form(m.algorithm, p, m.numel, m.density)
+        cf_bytes, cf_msgs = closed_form(m.algorithm, p, m.numel, m.density, m.options)
         ratios.append((m.bytes / cf_bytes if cf_bytes else 1.0, m.messages / cf_msgs if cf_msgs else 1.0))
     x = np.log2(Ps)
     at = math.log2(P)
@@ -241,13 +261,15 @@ class Model:
 
 
 def project(algorithms: list[str], ranks: list[int], numel: int, density: float, measured: list[Measured],
-            model: Model) -> pd.DataFrame:
+            model: Model, options: dict[str, dict] | None = None) -> pd.DataFrame:
+    """options: compression.options per algorithm (missing = its defaults)."""
     rows = []
     for algorithm in algorithms:
-        d = 1.0 if algorithm == "dense" else density
-        points = pick_points(measured, algorithm, d)
+        d = 1.0 if algorithm in DENSITY_FREE else density
+        own = (options or {}).get(algorithm, {})
+        points = pick_points(measured, algorithm, d, own)
         for P in ranks:
-            nbytes, messages = closed_form(algorithm, P, numel, d)
+            nbytes, messages = closed_form(algorithm, P, numel, d, own)
             if P in points and points[P].numel == numel and points[P].density == d:
                 nbytes, messages, source = points[P].bytes, points[P].messages, "measured"
             elif points:
@@ -288,8 +310,10 @@ def trend_text(df: pd.DataFrame) -> str:
     lines = []
     by_P = {P: g.set_index("algorithm") for P, g in df.groupby("P")}
     Ps = sorted(by_P)
-    fastest = {P: g["comm_ms"].idxmin() for P, g in by_P.items()}
-    lines.append("Lowest communication time per P: " + ", ".join(f"P={P}: {fastest[P]}" for P in Ps) + ".")
+    paper = {P: g.drop(index="powersgd", errors="ignore") for P, g in by_P.items()}  # dense and the sparse ones
+    fastest = {P: g["comm_ms"].idxmin() for P, g in paper.items()}
+    lines.append("Lowest communication time per P among the paper's algorithms: "
+                 + ", ".join(f"P={P}: {fastest[P]}" for P in Ps) + ".")
     if "oktopk" in df.algorithm.values:
         ahead = [P for P in Ps if fastest[P] == "oktopk"]
         if ahead and all(fastest[P] == "oktopk" for P in Ps if P >= ahead[0]):
@@ -298,11 +322,15 @@ def trend_text(df: pd.DataFrame) -> str:
         else:
             lines.append("Ok-Topk is NOT the fastest at every large P here, unlike the paper's trend; "
                          "check the measured volumes and the assumptions.")
-        others = [a for a in by_P[Ps[0]].index if a not in ("oktopk", "dense")]
+        others = [a for a in by_P[Ps[0]].index if a not in ("oktopk", "dense", "powersgd")]  # the sparse ones
         if others:
             lead = {P: min(by_P[P].loc[a, "comm_ms"] for a in others) / by_P[P].loc["oktopk", "comm_ms"] for P in Ps}
             lines.append(f"The next-best sparse scheme's communication time over Ok-Topk's: {lead[Ps[0]]:.2f}x at "
                          f"P={Ps[0]}, {lead[Ps[-1]]:.2f}x at P={Ps[-1]}.")
+        if "powersgd" in by_P[Ps[0]].index:
+            ratio = {P: by_P[P].loc["powersgd", "comm_ms"] / by_P[P].loc["oktopk", "comm_ms"] for P in Ps}
+            lines.append(f"PowerSGD's communication time over Ok-Topk's (a low-rank scheme, not in the paper): "
+                         f"{ratio[Ps[0]]:.2f}x at P={Ps[0]}, {ratio[Ps[-1]]:.2f}x at P={Ps[-1]}.")
     if "oktopk" in df.algorithm.values and "density" in df:
         ok = df[(df.algorithm == "oktopk") & (df.P > 1)]
         unit = WORD * ok.density * ok.numel * (ok.P - 1) / ok.P  # bytes of k(P-1)/P words
@@ -357,6 +385,23 @@ def plot(df: pd.DataFrame, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def parse_algorithm_options(items: list[str]) -> dict[str, dict]:
+    """ALGO.KEY=VALUE items -> {algorithm: {key: value}}, each checked against the algorithm's Options."""
+    out: dict[str, dict] = {}
+    for item in items:
+        target, sep, value = item.partition("=")
+        name, dot, key = target.partition(".")
+        if not sep or not dot or name not in ALGORITHMS:
+            raise SystemExit(f"project_scaling: --options {item!r}: expected ALGO.KEY=VALUE with ALGO in {ALGORITHMS}")
+        out.setdefault(name, {})[key] = yaml.safe_load(value)
+    for name, options in out.items():
+        try:
+            parse_options(name, COMPRESSORS[name].Options, options)
+        except ValueError as e:
+            raise SystemExit(f"project_scaling: --options: {e}") from None
+    return out
+
+
 def parse_selection(items: list[str]) -> dict[str, float]:
     out = {}
     for item in items:
@@ -384,6 +429,8 @@ def main(argv=None) -> int:
     parser.add_argument("--compute-fixed-ms", type=float, default=20.0, help="assumed, not measured: see --help")
     parser.add_argument("--compute-per-utt-ms", type=float, default=1.5, help="assumed, not measured: see --help")
     parser.add_argument("--selection-ms", nargs="*", default=[], metavar="ALGO=MS")
+    parser.add_argument("--options", nargs="*", default=[], metavar="ALGO.KEY=VALUE",
+                        help="compression.options of one algorithm, e.g. powersgd.matrix_approximation_rank=4")
     parser.add_argument("--out", default="bench/results/scaling", help="directory for scaling.{md,csv,png}")
     args = parser.parse_args(argv)
     if not 0 < args.density <= 1:
@@ -395,7 +442,8 @@ def main(argv=None) -> int:
     ranks = sorted(set(args.ranks) | {m.P for m in measured if m.P > 1 and m.algorithm in args.algorithms})
     model = Model(args.alpha_us * 1e-6, 1.0 / (args.bandwidth_gbs * 1e9), args.compute_fixed_ms,
                   args.compute_per_utt_ms, args.global_batch, parse_selection(args.selection_ms))
-    df = project(args.algorithms, ranks, args.numel, args.density, measured, model)
+    options = parse_algorithm_options(args.options)
+    df = project(args.algorithms, ranks, args.numel, args.density, measured, model, options)
 
     source = (f"measured volumes from {', '.join(args.measured)} ({len(measured)} records) where available, "
               f"calibrated closed forms elsewhere" if measured else
@@ -407,6 +455,11 @@ def main(argv=None) -> int:
               f"selection {'excluded' if not model.selection_ms else model.selection_ms}.\n"
               f"Per-rank batch = {args.global_batch}/P, at least 1 (weak scaling beyond P = {args.global_batch}). "
               f"* = measured point.\n")
+    if "powersgd" in args.algorithms:
+        shapes = parameter_shapes(args.numel)
+        header += (f"PowerSGD: options {options.get('powersgd') or 'defaults'}, "
+                   f"{f'{len(shapes)} parameter tensors' if shapes else 'one vector (no registered model has this size)'}"
+                   f"; its volume ignores the density.\n")
     sections = [header, "## Communication per step (ms)\n", pivot_markdown(df, "comm_ms", ".2f"),
                 "## Step time (ms)\n", pivot_markdown(df, "step_ms", ".1f")]
     if "speedup_vs_dense" in df:

@@ -54,7 +54,8 @@ def test_plan_and_closed_form_at_lstman4_size():
         assert len(layout.matrices) == 14 and layout.uncompressed_words == 40_192
         assert layout.p_words + layout.q_words == rank * 50_069
         for P in (2, 4):
-            cost = PowerSGD.cost(27_569_568, 0, P, shapes=LSTMAN4_SHAPES, matrix_approximation_rank=rank)
+            cost = PowerSGD.cost(27_569_568, 0, P, shapes=LSTMAN4_SHAPES,
+                                 options=PowerSGD.Options(matrix_approximation_rank=rank))
             assert cost.low == cost.high == cost.typical == 2 * (rank * 50_069 + 40_192) * (P - 1) / P
             assert cost.messages == 3 * 2 * (P - 1)
     # The hook's order: equal (rows, cols) together, first seen first.

@@ -85,7 +85,8 @@ def test_topkdsa_fill_in_and_dense_switch():
 
 
 def test_ordering_as_P_grows():
-    df = ps.project(ps.ALGORITHMS, [4, 16, 64, 256], N, 0.02, [], MODEL)
+    sparse = [a for a in ps.ALGORITHMS if a != "powersgd"]  # the paper's comparison; PowerSGD's below
+    df = ps.project(sparse, [4, 16, 64, 256], N, 0.02, [], MODEL)
     at = lambda P, column: df[df.P == P].set_index("algorithm")[column]
     for P in (64, 256):
         volume = at(P, "MB_per_step")
@@ -105,6 +106,37 @@ def test_ordering_as_P_grows():
     assert row.comm_ms == pytest.approx(1e3 * (2e-6 * row.messages + row.MB_per_step * 1e6 / 12.5e9))
     assert row.compute_ms == 20.0 + 1.5 * 1  # 64 utterances over 64 ranks
     assert df[df.algorithm == "dense"].speedup_vs_dense.tolist() == [1.0] * 4
+
+
+def test_every_registered_algorithm_is_projected():
+    from sparse_asr.compression import COMPRESSORS
+
+    assert sorted(ps.ALGORITHMS) == sorted(COMPRESSORS)
+
+
+@pytest.mark.parametrize("rank", [1, 4])
+def test_powersgd_volume_follows_lstman4_shapes_and_rank_not_density(rank):
+    # lstman4: 14 matrices with 50,069 rows + columns in all, 40,192 entries in vectors sent whole
+    # (tests/test_powersgd.py counts them); three ring allreduces of 2(P-1)/P words per entry
+    options = {"powersgd": {"matrix_approximation_rank": rank}}
+    for density in (0.01, 0.02):
+        df = ps.project(["powersgd"], [4, 64], N, density, [], MODEL, options).set_index("P")
+        for P in (4, 64):
+            assert df.loc[P, "MB_per_step"] * 1e6 == pytest.approx(4 * 2 * (rank * 50_069 + 40_192) * (P - 1) / P)
+            assert df.loc[P, "messages"] == 3 * 2 * (P - 1)
+            assert df.loc[P, "density"] == 1.0
+    # a size no registered model has: one vector, sent whole like dense
+    assert ps.closed_form("powersgd", 4, 1000, 0.02) == ps.closed_form("dense", 4, 1000, 1.0)
+
+
+@pytest.mark.parametrize("item, message", [
+    ("powersgd.rank=4", "unknown option compression.options.rank for algorithm 'powersgd'"),
+    ("powersgd.matrix_approximation_rank=0", "matrix_approximation_rank must be >= 1"),
+    ("matrix_approximation_rank=4", "expected ALGO.KEY=VALUE"),
+])
+def test_bad_options_are_named(item, message):
+    with pytest.raises(SystemExit, match=message):
+        ps.parse_algorithm_options([item])
 
 
 def record(algorithm, P, numel, density, recv_max, sent_max, messages_max):

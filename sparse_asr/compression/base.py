@@ -120,8 +120,11 @@ class Compressor:
         self.options = parse_options(self.name, self.Options, options)
 
     @staticmethod
-    def cost(n: int, k: int, P: int) -> Cost:
-        """Closed-form words received and messages sent per rank per step (see Cost)."""
+    def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:
+        """Closed-form words received and messages sent per rank per step (see Cost) for n gradient entries,
+        k = round(density * n) and P ranks. `shapes` (the parameter shapes; None = one vector) and
+        `options` (the algorithm's Options; None = its defaults) matter only to algorithms whose volume
+        depends on them (PowerSGD's); the others take and ignore them, so every caller asks alike."""
         raise NotImplementedError
 
     def describe(self) -> str:

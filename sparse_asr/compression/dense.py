@@ -8,7 +8,7 @@ class DenseAllreduce(Compressor):
     name = "dense"
 
     @staticmethod
-    def cost(n: int, k: int, P: int) -> Cost:
+    def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:
         words = 2 * n * (P - 1) / P
         return Cost(words, words, words, 2 * (P - 1), "2n(P-1)/P")
 

@@ -45,7 +45,7 @@ class Gaussiank(SparseCompressor):
         self.z = NormalDist().inv_cdf(1.0 - self.density / 2.0) if self.density < 1.0 else 0.0
 
     @staticmethod
-    def cost(n: int, k: int, P: int) -> Cost:
+    def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:
         words = 2 * k * (P - 1)  # ~k pairs from every rank, after a count exchange
         return Cost(words, words, words, 2 * (P - 1), "2k(P-1)")
 

@@ -56,7 +56,7 @@ class GTopk(SparseCompressor):
     name = "gtopk"
 
     @staticmethod
-    def cost(n: int, k: int, P: int) -> Cost:
+    def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:
         """Critical path at the root: k pairs up and k pairs down per round."""
         rounds = math.ceil(math.log2(P)) if P > 1 else 0
         return Cost(4 * k * rounds, 4 * k * rounds, 4 * k * rounds, 2 * rounds, "4k ceil(log2 P)")

@@ -223,7 +223,7 @@ class OkTopk(SparseCompressor):
         self._set_boundaries([numel * j // P for j in range(P + 1)])  # replaced on the first step
 
     @staticmethod
-    def cost(n: int, k: int, P: int) -> Cost:
+    def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:
         """The paper's bounds [2k(P-1)/P, 6k(P-1)/P]; typically k pairs reduced to balanced regions and k
         pairs allgathered, 4k(P-1)/P. Messages: the reduce and the allgather, plus the threshold rounds."""
         rounds = math.ceil(math.log2(P)) if P > 1 else 0

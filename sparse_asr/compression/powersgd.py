@@ -164,13 +164,13 @@ class PowerSGD(Compressor):
                    for m in self.layout.matrices]
 
     @staticmethod
-    def cost(n: int, k: int, P: int, shapes=None, matrix_approximation_rank: int = PowerSGDOptions.matrix_approximation_rank,
-             min_compression_rate: float = PowerSGDOptions.min_compression_rate) -> Cost:
+    def cost(n: int, k: int, P: int, shapes=None, options: PowerSGDOptions | None = None) -> Cost:
         """Three ring allreduces (uncompressed tensors, P's, Q's): 2(P-1)/P words per entry. The volume
-        depends on the parameter shapes and the rank, not on k; without `shapes` the gradient is one
-        vector, which PowerSGD sends whole (the constructor's default too)."""
-        layout = plan(shapes if shapes is not None else [torch.Size([n])], matrix_approximation_rank,
-                      min_compression_rate)
+        depends on the parameter shapes and the rank (options), not on k; without `shapes` the gradient is
+        one vector, which PowerSGD sends whole (the constructor's default too)."""
+        o = options if options is not None else PowerSGDOptions()
+        layout = plan(shapes if shapes is not None else [torch.Size([n])], o.matrix_approximation_rank,
+                      o.min_compression_rate)
         words = 2 * layout.words * (P - 1) / P
         buffers = sum(1 for size in (layout.uncompressed_words, layout.p_words, layout.q_words) if size)
         return Cost(words, words, words, 2 * (P - 1) * buffers, "2(P-1)/P (sum of r(rows+cols) + uncompressed)")

@@ -15,7 +15,7 @@ class TopkAllgather(SparseCompressor):
     name = "topka"
 
     @staticmethod
-    def cost(n: int, k: int, P: int) -> Cost:
+    def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:
         words = 2 * k * (P - 1)
         return Cost(words, words, words, P - 1, "2k(P-1)")
 

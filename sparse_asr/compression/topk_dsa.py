@@ -48,7 +48,7 @@ class TopkDSA(SparseCompressor):
         self.bounds = [j * self.numel // P for j in range(P + 1)]  # region j = [bounds[j], bounds[j+1])
 
     @staticmethod
-    def cost(n: int, k: int, P: int) -> Cost:
+    def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:
         """Reduce-scatter of k pairs, then an allgather of the union U: k pairs per rank when all ranks
         selected the same entries, the whole union (or dense regions) when they are disjoint. Typical:
         independent selections, U = n(1 - (1 - k/n)^P), gathered dense once U > n/3."""

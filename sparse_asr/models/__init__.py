@@ -1,4 +1,6 @@
 """Model registry: build_model(name, sync_bn=comm or None) -> DeepSpeech with that name's spec."""
+import torch
+
 from sparse_asr.models.deepspeech import DeepSpeech, DeepSpeechSpec
 
 MODELS = {
@@ -19,3 +21,13 @@ def build_model(name: str, num_classes: int = 29, sync_bn=None) -> DeepSpeech:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
     return DeepSpeech(MODELS[name], num_classes=num_classes, sync_bn=sync_bn)
+
+
+def model_with_numel(numel: int) -> tuple[str, list[torch.Size]] | None:
+    """(name, parameter shapes) of the registered model with exactly `numel` parameters, else None: the
+    benchmarks that take a gradient size (lstman4: 27,569,568) give per-tensor algorithms its real shapes."""
+    for name in MODELS:
+        shapes = [p.shape for p in build_model(name).parameters()]
+        if sum(s.numel() for s in shapes) == numel:
+            return name, shapes
+    return None

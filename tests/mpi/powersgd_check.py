@@ -148,8 +148,7 @@ def properties(comm, options: dict) -> None:
     o = comp.options
     sizes = expected_words(SHAPES, o.matrix_approximation_rank, o.min_compression_rate)
     volume = sum(ref.ring_allreduce_bytes(size, P) for size in sizes if size)
-    cost = PowerSGD.cost(N, 0, P, shapes=SHAPES, matrix_approximation_rank=o.matrix_approximation_rank,
-                         min_compression_rate=o.min_compression_rate)
+    cost = PowerSGD.cost(N, 0, P, shapes=SHAPES, options=o)
     for step in range(STEPS):
         where = f"{options} P={P} rank={rank} step={step}"
         grad = gradient(step, rank)
