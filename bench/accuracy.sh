@@ -142,10 +142,11 @@ running=0
 for i in "${!run_names[@]}"; do
     name=${run_names[$i]}
     echo "accuracy.sh: $name: ${commands[$i]}" >&2
+    # Logs are appended to: a resumed run's log keeps its beginning.
     if ((jobs == 1)); then
-        bash -c "${commands[$i]}" 2>&1 | tee "$out/logs/$name.log" || failed+=("$name")
+        bash -c "${commands[$i]}" 2>&1 | tee -a "$out/logs/$name.log" || failed+=("$name")
     else
-        bash -c "${commands[$i]}" >"$out/logs/$name.log" 2>&1 &
+        bash -c "${commands[$i]}" >>"$out/logs/$name.log" 2>&1 &
         running=$((running + 1))
         if ((running >= jobs)); then
             wait -n || failed+=("some run (see $out/logs)")
