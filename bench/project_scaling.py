@@ -71,7 +71,7 @@ from sparse_asr.compression import COMPRESSORS, parse_options
 from sparse_asr.models import model_with_numel
 
 ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk", "powersgd"]  # table column order
-DENSITY_FREE = {"dense", "powersgd"}  # volumes that do not depend on the density (tabled at density 1)
+DENSITY_FREE = {name for name, cls in COMPRESSORS.items() if not cls.uses_density}  # tabled at density 1
 LSTMAN4_NUMEL = 27_569_568  # DESIGN 5
 WORD = 4  # bytes: a float32 value or an int32 index
 DEFAULT_RANKS = [4, 8, 16, 32, 64, 128, 256]

@@ -8,7 +8,8 @@ Writes, under --out:
       (event wall_time minus the run's first event) and against the cumulative bytes each rank received
       (comm/cum_bytes_recv at the nearest logged step);
   results.csv, results.md
-      one row per run: algorithm, density, P, steps, final/best dev WER, final dev CER, test WER and
+      one row per run: algorithm, density (for dense and PowerSGD, which ignore the configured one: the
+      last logged comm/density), P, steps, final/best dev WER, final dev CER, test WER and
       CER, bytes received per rank (in all and per step: the gradient exchange), synchronized
       BatchNorm's bytes per step (comm/syncbn_bytes_recv), mean compute / selection / communication
       / step time. With --target-wer W (or --target-run NAME: W = that run's best dev WER x (1 +
@@ -34,6 +35,8 @@ import pandas as pd
 import yaml
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
+
+from sparse_asr.compression import COMPRESSORS
 
 EVENT_GLOB = "events.out.tfevents.*"
 
@@ -145,8 +148,10 @@ def summarize(run: Run, target_wer: float | None = None) -> dict:
 
     algorithm = run.config_value("compression.algorithm")
     density = run.config_value("compression.density")
-    if algorithm == "dense":
-        density = 1.0  # dense allreduce ignores the configured density: it sends everything
+    if algorithm in COMPRESSORS and not COMPRESSORS[algorithm].uses_density:
+        # dense and PowerSGD ignore the configured density: the density they sent at the end (PowerSGD's:
+        # the entries of its factors / n), dense's 1 when it was not logged
+        density = last("comm/density") if "comm/density" in c else (1.0 if algorithm == "dense" else None)
     if "train/loss" in c:
         steps = int(c["train/loss"].steps[-1])
     else:

@@ -9,7 +9,7 @@ REPO=$(realpath "$(dirname "$0")/..")
 source "$REPO/scripts/lib/args.sh"
 
 ALL_ALGORITHMS="dense topka topkdsa gtopk gaussiank oktopk powersgd" # the names in compression/__init__.py
-DENSITY_FREE="dense powersgd" # their volume does not depend on compression.density: one run per P
+DENSITY_FREE="dense powersgd" # uses_density = False in their classes: one run per P, whatever the density
 
 usage() {
     cat <<EOF

@@ -60,9 +60,17 @@ def test_tiny_benchmark_writes_one_table_of_real_figures(an4_manifests, tmp_path
     assert float(rows["topka"]["bytes_recv_per_step"]) < dense_bytes / 5  # density 0.05
     for name in ("curves_vs_step.png", "curves_vs_bytes.png", "results.csv", "wer_vs_time.md"):
         assert (out / name).stat().st_size > 0, name
-    # the same command again resumes both finished runs instead of training anew
+    # the same command again resumes both finished runs instead of training anew: nothing is trained, the
+    # logs keep the first run's lines, the table is the same
     proc = accuracy_sh(*tiny_args(an4_manifests, out), "--dry-run")
     assert proc.returncode == 0 and proc.stdout.count("--resume") == 2, proc.stdout + proc.stderr
+    proc = accuracy_sh(*tiny_args(an4_manifests, out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    again = table_rows((out / "accuracy.md").read_text())
+    for algorithm, row in rows.items():
+        assert (again[algorithm]["steps"], again[algorithm]["test_wer"]) == (row["steps"], row["test_wer"])
+        log = (out / "logs" / f"{algorithm}.log").read_text()
+        assert log.count(f"done: {out / 'runs' / algorithm}") == 2 and log.count("step 1: gradient exchange") == 1
 
 
 @pytest.mark.parametrize("args, message", [

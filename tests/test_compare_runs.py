@@ -4,6 +4,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -147,6 +148,20 @@ def test_step_and_bytes_at_a_target_wer(two_runs, tmp_path, target, expected):
     assert got == expected
     wer = 0.625 * 1.05 if target[0] == "--target-run" else float(target[1])
     assert table["target_dev_wer"].tolist() == pytest.approx([wer, wer])
+
+
+def test_density_of_algorithms_that_ignore_the_configured_one(tmp_path):
+    # PowerSGD's configured density means nothing: the table shows the last logged comm/density (its factors'
+    # entries / n, after a dense warm-up at 1.0); without that tag the cell is empty, not the config's value
+    logged, bare = tmp_path / "runs" / "psgd", tmp_path / "runs" / "psgd-bare"
+    write_run(logged, config("powersgd", 0.02, 4), {"train/loss": [(s, 9.0) for s in (1, 2, 3)],
+                                                    "comm/density": [(1, 1.0), (2, 0.0109), (3, 0.0109)]})
+    write_run(bare, config("powersgd", 0.02, 4), {"train/loss": [(1, 9.0)]})
+    proc = compare(logged, bare, "--out", tmp_path / "compare")
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(tmp_path / "compare" / "results.csv").set_index("run")
+    assert table.loc["psgd", "density"] == pytest.approx(0.0109)
+    assert math.isnan(table.loc["psgd-bare", "density"])
 
 
 def test_target_run_must_be_one_of_the_runs(two_runs, tmp_path):

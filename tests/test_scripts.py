@@ -2,6 +2,7 @@
 the sweep. Dry runs must print exactly the expected qsub/sbatch and mpiexec/srun lines; real submissions
 go to fake qsub/sbatch commands that record their arguments; bad arguments exit 2 with a clear message."""
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -220,6 +221,8 @@ def test_sweep_defaults_cover_all_algorithms():
     assert algorithms == set(COMPRESSORS)  # a new compressor must be added to the sweep's list
     names = {shlex.split(line)[7] for line in lines}
     assert {"name=cluster-powersgd-p2", "name=cluster-powersgd-p4"} <= names  # once per P, like dense
+    density_free = re.search(r'^DENSITY_FREE="([^"]*)"', (REPO / "scripts" / "sweep.sh").read_text(), re.M).group(1)
+    assert set(density_free.split()) == {name for name, cls in COMPRESSORS.items() if not cls.uses_density}
 
 
 def test_sweep_pbs_and_slurm_dry_runs_print_submit_commands():

@@ -103,6 +103,7 @@ class Compressor:
 
     name = "base"
     Options = NoOptions  # the algorithm's own settings: a frozen dataclass with defaults and check(name)
+    uses_density = True  # False: what it sends does not depend on compression.density (dense, PowerSGD)
 
     def __init__(self, comm: Communicator, numel: int, density: float = 1.0, device: str | torch.device = "cpu",
                  shapes: typing.Sequence[torch.Size] | None = None, **options):

@@ -6,6 +6,7 @@ from sparse_asr.compression.base import Compressor, Cost, StepStats, dense_allre
 
 class DenseAllreduce(Compressor):
     name = "dense"
+    uses_density = False
 
     @staticmethod
     def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:

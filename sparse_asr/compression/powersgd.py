@@ -141,6 +141,7 @@ def orthogonalize_(matrices: torch.Tensor, epsilon: float = 0.0) -> None:
 
 class PowerSGD(Compressor):
     name = "powersgd"
+    uses_density = False  # the volume follows from the shapes and the rank
     Options = PowerSGDOptions
 
     def __init__(self, *args, **kwargs):
