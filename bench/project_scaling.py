@@ -327,10 +327,10 @@ def trend_text(df: pd.DataFrame) -> str:
             lead = {P: min(by_P[P].loc[a, "comm_ms"] for a in others) / by_P[P].loc["oktopk", "comm_ms"] for P in Ps}
             lines.append(f"The next-best sparse scheme's communication time over Ok-Topk's: {lead[Ps[0]]:.2f}x at "
                          f"P={Ps[0]}, {lead[Ps[-1]]:.2f}x at P={Ps[-1]}.")
-        if "powersgd" in by_P[Ps[0]].index:
-            ratio = {P: by_P[P].loc["powersgd", "comm_ms"] / by_P[P].loc["oktopk", "comm_ms"] for P in Ps}
-            lines.append(f"PowerSGD's communication time over Ok-Topk's (a low-rank scheme, not in the paper): "
-                         f"{ratio[Ps[0]]:.2f}x at P={Ps[0]}, {ratio[Ps[-1]]:.2f}x at P={Ps[-1]}.")
+    if "oktopk" in df.algorithm.values and "powersgd" in df.algorithm.values:
+        ratio = {P: by_P[P].loc["powersgd", "comm_ms"] / by_P[P].loc["oktopk", "comm_ms"] for P in Ps}
+        lines.append(f"PowerSGD's communication time over Ok-Topk's (a low-rank scheme, not in the paper): "
+                     f"{ratio[Ps[0]]:.2f}x at P={Ps[0]}, {ratio[Ps[-1]]:.2f}x at P={Ps[-1]}.")
     if "oktopk" in df.algorithm.values and "density" in df:
         ok = df[(df.algorithm == "oktopk") & (df.P > 1)]
         unit = WORD * ok.density * ok.numel * (ok.P - 1) / ok.P  # bytes of k(P-1)/P words

@@ -227,6 +227,7 @@ def test_command_line_without_measurements(tmp_path):
     assert "closed forms only (no --measured input: nothing here was measured)" in text
     assert "ASSUMED A100 figure, not measured" in text
     assert "Ok-Topk has the lowest communication time from P=8 on" in text
+    assert "PowerSGD's communication time over Ok-Topk's (a low-rank scheme, not in the paper)" in text
     assert (tmp_path / "scaling.md").read_text() in text
     assert (tmp_path / "scaling.png").stat().st_size > 20_000
     table = pd.read_csv(tmp_path / "scaling.csv")
