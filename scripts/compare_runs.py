@@ -257,13 +257,18 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
                         series[tag, run.name] = (x, run.curves[tag].values)
         largest = max((float(np.max(x)) for x, _ in series.values()), default=0.0)
         divisor, unit = readable_unit(axis, largest)
+        # Dense receives 10-100x what the compressors do: on a linear axis their curves collapse into one.
+        finals = [float(np.max(x)) for x, _ in series.values()]
+        log_x = axis == "bytes" and bool(finals) and min(finals) > 0 and max(finals) > 5 * min(finals)
         fig, axes = plt.subplots(1, len(PANELS), figsize=(13, 4.8))
         for ax, (tag, title, style) in zip(axes, PANELS):
             drawn = [(name, xy) for (t, name), xy in series.items() if t == tag]
             for name, (x, y) in drawn:
                 ax.plot(x / divisor, y, style, label=name, markersize=4, linewidth=1.2)
             ax.set_title(title)
-            ax.set_xlabel(xlabel.format(unit=unit))
+            ax.set_xlabel(xlabel.format(unit=unit) + (", log scale" if log_x else ""))
+            if log_x:
+                ax.set_xscale("log")
             ax.grid(alpha=0.3)
             if drawn:
                 ax.legend(fontsize=8)
