@@ -105,6 +105,7 @@ def training_runs(out_dir: Path) -> list[dict]:
         last = {kind: next((m for m in reversed(metrics) if m["kind"] == kind), {})
                 for kind in ("train", "epoch", "val", "test")}
         epochs = [m for m in metrics if m["kind"] == "epoch"]
+        dev_wer = {m["epoch"]: m["val/wer"] for m in metrics if m["kind"] == "val" and "val/wer" in m}
         throughput = [m["train/samples_per_sec"] for m in metrics if "train/samples_per_sec" in m]
         runs.append({
             "name": run_dir.name, "algorithm": config.get("compression", {}).get("algorithm", "?"),
@@ -115,16 +116,61 @@ def training_runs(out_dir: Path) -> list[dict]:
             "wall_seconds": metrics[-1]["time"] - metrics[0]["time"] if len(metrics) > 1 else None,
             "samples_per_sec": sum(throughput) / len(throughput) if throughput else None,
             "loss": last["epoch"].get("epoch/loss"), "dev_wer": last["val"].get("val/wer"),
+            "best_dev_wer": min(dev_wer.values()) if dev_wer else None, "dev_wer_by_epoch": dev_wer,
             "test_wer": last["test"].get("test/wer"), "test_cer": last["test"].get("test/cer")})
     return runs
+
+
+def relative(value, reference):
+    """value vs reference in percent (+ = worse for an error rate), None if either is missing."""
+    return None if value is None or not reference else 100 * (value - reference) / reference
+
+
+def accuracy_section(runs: list[dict]) -> tuple[list[str], list[str]]:
+    """Lines comparing the trainings at the last epoch every one of them was dev-scored at (same epochs,
+    issue 10's rule), and the target rows for issue 10 (dense WER, Ok-Topk parity) and issue 12 (bf16)."""
+    scored = [r for r in runs if r["dev_wer_by_epoch"]]
+    common = min(max(r["dev_wer_by_epoch"]) for r in scored) if scored else None
+    at_common = {r["name"]: r["dev_wer_by_epoch"].get(common) for r in scored}
+    dense = next((r for r in runs if r["algorithm"] == "dense" and r["P"] == 1 and r["precision"] == "fp32"), None)
+    dense_dev = at_common.get(dense["name"]) if dense else None
+    lines = [f"Dev WER at epoch {fmt(common, 'd')}, the last epoch every run reached (same epochs); test WER "
+             "after each run's own last epoch.", "",
+             f"| run | epochs | dev WER at epoch {fmt(common, 'd')} | vs dense P = 1 fp32 | best dev WER | test WER "
+             "| vs dense P = 1 fp32 |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        dev = at_common.get(r["name"])
+        lines.append(f"| {r['name']} | {r['epochs']} | {fmt(dev)} | {pct(relative(dev, dense_dev))} "
+                     f"| {fmt(r['best_dev_wer'])} | {fmt(r['test_wer'])} "
+                     f"| {pct(relative(r['test_wer'], dense['test_wer'] if dense else None))} |")
+
+    def verdict(ok):
+        return "n/a" if ok is None else ("met" if ok else "NOT met")
+
+    rows = [f"| lstman4 dense, 1 process: test WER <= 0.15 (issue 10) | {fmt(dense['test_wer'] if dense else None)} "
+            f"after {fmt(dense['epochs'] if dense else None, 'd')} epochs "
+            f"| {verdict(None if not dense or dense['test_wer'] is None else dense['test_wer'] <= 0.15)} |"]
+    for name, P, precision, algorithm, slack, issue in (("Ok-Topk", 2, "fp32", "oktopk", 5, 10),
+                                                        ("Ok-Topk", 4, "fp32", "oktopk", 5, 10),
+                                                        ("bf16 dense", 1, "bf16", "dense", 2, 12)):
+        run = next((r for r in runs if (r["algorithm"], r["P"], r["precision"]) == (algorithm, P, precision)), None)
+        gap = relative(at_common.get(run["name"]) if run else None, dense_dev)
+        rows.append(f"| {name}, P = {P}: dev WER within {slack}% relative of dense fp32 at the same epoch (issue "
+                    f"{issue}) | {pct(gap)} at epoch {fmt(common, 'd')} "
+                    f"| {verdict(None if gap is None else gap <= slack)} |")
+    return lines, rows
 
 
 def fmt(value, spec: str = ".3f") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def pct(value) -> str:
+    return "n/a" if value is None else f"{value:+.1f}%"
+
+
 def targets(selection: list[dict], step_rows: list[dict]) -> list[str]:
-    """Issue 12's targets that this suite measures, against the measured figures (n/a if missing)."""
+    """Issue 12's speed targets, against the measured figures (n/a if missing)."""
     def select_ms(name_part):
         found = [float(r["median ms"]) for r in selection if name_part in r.get("method", "")
                  and r.get("density") == "0.02"]
@@ -146,7 +192,7 @@ def targets(selection: list[dict], step_rows: list[dict]) -> list[str]:
         return "n/a" if value is None else f"{value:{spec}}{unit}"
 
     return [
-        "| target (issue 12) | measured | |", "|---|---|---|",
+        "| target | measured | |", "|---|---|---|",
         f"| Ok-Topk's exact selection <= torch.topk's time (density 0.02) | {shown(ours, ' ms')} vs "
         f"{shown(topk, ' ms')} | {verdict(None if None in (ours, topk) else ours <= topk)} |",
         f"| threshold reuse <= 0.1 ms | {shown(reuse, ' ms')} | {verdict(None if reuse is None else reuse <= 0.1)} |",
@@ -154,7 +200,6 @@ def targets(selection: list[dict], step_rows: list[dict]) -> list[str]:
         f"| {verdict(None if share is None else share <= 5)} |",
         f"| step <= 30 ms with bf16 (dense, P = 1) | {shown(bf16_ms, ' ms', '.1f')} "
         f"| {verdict(None if bf16_ms is None else bf16_ms <= 30)} |",
-        "| test WER with bf16 within 2% relative of fp32 | not measured by the suite (needs two full trainings) | |",
     ]
 
 
@@ -188,7 +233,7 @@ def summary(out_dir: Path) -> str:
         lines.append("| no result | | | | | | | | | | |")
 
     runs = training_runs(out_dir)
-    lines += ["", "## Concurrent trainings on AN4 (train.py; both on the same GPU)", "",
+    lines += ["", "## Concurrent trainings on AN4 (train.py; all on the same GPU)", "",
               "| run | algorithm | P | precision | epochs | steps | training s | wall s | samples/s | last epoch loss "
               "| dev WER | test WER | test CER |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
@@ -198,7 +243,9 @@ def summary(out_dir: Path) -> str:
     if not runs:
         lines.append("| no result | | | | | | | | | | | | |")
 
-    lines += ["", "## Targets", ""] + targets(selection, rows)
+    accuracy, accuracy_targets = accuracy_section(runs)
+    lines += ["", "## Accuracy at the same epochs", ""] + accuracy
+    lines += ["", "## Targets", ""] + targets(selection, rows) + accuracy_targets
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything issue 12 measures on a GPU node, in one command: one GPU, no network, at most 8 minutes.
+# Everything issues 10 and 12 measure on a GPU node, in one command: one GPU, no network, at most 8 minutes.
 #
 #   bash bench/gpu_suite.sh [--out DIR] [--dry-run]
 #
@@ -8,15 +8,18 @@
 #   step_P1        bench/step_time.py, lstman4, global batch 64, dense topka oktopk    -> step_time_P1.{md,json}
 #   step_P1_bf16   the same with train.precision=bf16 (dense, oktopk)                  -> step_time_P1_bf16.{md,json}
 #   step_P2        the same on 2 ranks sharing the GPU                                 -> step_time_P2.{md,json}
-#   train          two concurrent lstman4 trainings on AN4, dev + test scored: dense on
-#                  1 rank and Ok-Topk on 2 ranks, $EPOCHS epochs each                  -> runs/, train_*.log
+#   train          four concurrent lstman4 trainings on AN4 (configs/lstman4_recipe.yaml, the
+#                  GPU shared): dense on 1 rank in fp32 and in bf16, Ok-Topk on 2 and
+#                  on 4 ranks; each stops at $EPOCHS epochs or when the suite's time is
+#                  up (train.max_minutes), then is dev- and test-scored                -> runs/, train_*.log
 #   summary        bench/gpu_report.py: one markdown report from the raw outputs       -> summary.md
 #
 # Everything lands in DIR (default bench/results/gpu_suite-<time>/), each step's output in its own
-# files and its status in steps.tsv. Each step has its own time limit (they add up to under 8 minutes);
-# a failed step is reported and the suite goes on; the exit status is 1 if any step failed.
-# STEPS (measured steps per algorithm, default 64) and EPOCHS (default 15) may be set in the environment;
-# the trainings' checkpoints are deleted at the end unless KEEP_CHECKPOINTS=1.
+# files and its status in steps.tsv. Each step has its own time limit; the trainings get what is left
+# of SUITE_SECONDS (default 470: under 8 minutes in all). A failed step is reported and the suite goes
+# on; the exit status is 1 if any step failed. Settable in the environment: STEPS (measured steps per
+# algorithm, default 64), EPOCHS (default 60: the trainings' schedule, whose first 5% is the dense
+# warm-up) and SUITE_SECONDS. The trainings' checkpoints are deleted at the end unless KEEP_CHECKPOINTS=1.
 # --dry-run: every step with tiny sizes on the CPU (lstman4_tiny, 2 steps, 16 utterances, 1 epoch) to
 # check the commands here rather than on the GPU.
 # Runs in a checkout (its .venv) or in an offline bundle after `source bootstrap.sh` (python3 and
@@ -24,7 +27,7 @@
 set -uo pipefail  # no -e: a failing step must not end the suite
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 DRY_RUN=0
 OUT=""
 while (($#)); do
@@ -45,9 +48,11 @@ for manifest in manifests/an4_train.csv manifests/an4_dev.csv manifests/an4_test
     [[ -f "$manifest" ]] || { echo "gpu_suite.sh: error: $manifest is missing (prepare AN4, see README.md)" >&2; exit 2; }
 done
 STEPS=${STEPS:-64}
-EPOCHS=${EPOCHS:-15}
-[[ "$STEPS" =~ ^[1-9][0-9]*$ && "$EPOCHS" =~ ^[1-9][0-9]*$ ]] || {
-    echo "gpu_suite.sh: error: STEPS and EPOCHS must be positive integers, got '$STEPS', '$EPOCHS'" >&2; exit 2; }
+EPOCHS=${EPOCHS:-60}
+SUITE_SECONDS=${SUITE_SECONDS:-470}
+[[ "$STEPS" =~ ^[1-9][0-9]*$ && "$EPOCHS" =~ ^[1-9][0-9]*$ && "$SUITE_SECONDS" =~ ^[1-9][0-9]*$ ]] || {
+    echo "gpu_suite.sh: error: STEPS, EPOCHS and SUITE_SECONDS must be positive integers, got '$STEPS'," \
+         "'$EPOCHS', '$SUITE_SECONDS'" >&2; exit 2; }
 OUT=${OUT:-bench/results/gpu_suite-$( ((DRY_RUN)) && echo "dry-" )$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT" || exit 2
 
@@ -58,17 +63,20 @@ if ((DRY_RUN)); then  # the same commands, sized for seconds on a CPU
     TRAIN=(model.name=lstman4_tiny data.max_train_utterances=16 data.max_eval_utterances=8 train.epochs=1
            train.global_batch_size=4 train.eval_batch_size=8 train.log_every_steps=1 data.num_workers=0
            optim.lr_warmup_steps=0 distributed.device=cpu train.threads=1)
-    LIMITS=(env=60 selection=60 step_P1=90 step_P1_bf16=90 step_P2=120 train=180 summary=30)
+    LIMITS=(env=60 selection=60 step_P1=90 step_P1_bf16=90 step_P2=120 summary=30)
+    TRAIN_SECONDS=240  # fixed: on two CPU cores the 8 processes' start-up alone takes most of a minute
 else
     SELECTION=(--devices cuda --densities 0.02 0.01 --repeats 10)
     STEP_TIME=(--model lstman4 --global-batch 64 --steps "$STEPS" --warmup 3
                --set distributed.device=cuda train.threads=4)
-    TRAIN=(train.epochs="$EPOCHS" train.eval_every_epochs=5 distributed.device=cuda train.threads=4)
-    # 440 s, plus 5 s each to kill a step that ignores SIGTERM: under 8 minutes in the worst case
-    LIMITS=(env=25 selection=40 step_P1=70 step_P1_bf16=40 step_P2=95 train=160 summary=10)
+    TRAIN=(train.epochs="$EPOCHS" distributed.device=cuda train.threads=2)  # 8 processes on the node's cores
+    # 280 s at most before the trainings, plus 5 s each to kill a step that ignores SIGTERM
+    LIMITS=(env=25 selection=40 step_P1=70 step_P1_bf16=40 step_P2=95 summary=10)
+    TRAIN_SECONDS=""  # what is left of SUITE_SECONDS when the trainings start
 fi
 limit() {  # limit STEP -> its time limit in seconds
     local entry
+    [[ "$1" == train ]] && { echo "$TRAIN_SECONDS"; return; }
     for entry in "${LIMITS[@]}"; do [[ "${entry%%=*}" == "$1" ]] && echo "${entry#*=}"; done
 }
 
@@ -108,21 +116,35 @@ step_time step_P1 1 dense topka oktopk "${STEP_TIME[@]}"
 step_time step_P1_bf16 1 dense oktopk "${STEP_TIME[@]}" train.precision=bf16
 step_time step_P2 2 dense topka oktopk "${STEP_TIME[@]}"
 
-# The two trainings share the GPU (and the time limit); each has its own log.
-echo "[gpu_suite] train: dense on 1 rank and oktopk on 2 ranks, concurrently"
+# The four trainings share the GPU (and the time limit); each has its own log. Each stops by itself when
+# train.max_minutes is up, leaving a minute for start-up and the test scoring before the hard limit.
+if [[ -z "$TRAIN_SECONDS" ]]; then
+    TRAIN_SECONDS=$((SUITE_SECONDS - SECONDS - $(limit summary)))
+    ((TRAIN_SECONDS >= 120)) || TRAIN_SECONDS=120
+fi
+max_minutes=$(awk -v s="$TRAIN_SECONDS" 'BEGIN { printf "%.2f", (s - 60) / 60 }')
+echo "[gpu_suite] train: dense fp32 and bf16 on 1 rank, oktopk on 2 and 4 ranks, concurrently," \
+     "$TRAIN_SECONDS s (train.max_minutes=$max_minutes)"
 t0=$SECONDS
-common=(distributed.world_size=null out_dir="$OUT/runs" "${TRAIN[@]}")
-timeout --kill-after=5 "$(limit train)" "$MPIEXEC" -n 1 "$PYTHON" train.py --config configs/lstman4_dense.yaml \
-    name=dense-p1 "${common[@]}" > "$OUT/train_dense_p1.log" 2>&1 &
-dense_pid=$!
-timeout --kill-after=5 "$(limit train)" "$MPIEXEC" -n 2 "$PYTHON" train.py --config configs/lstman4_oktopk.yaml \
-    name=oktopk-p2 "${common[@]}" > "$OUT/train_oktopk_p2.log" 2>&1 &
-oktopk_pid=$!
-wait "$dense_pid"; dense_rc=$?
-wait "$oktopk_pid"; oktopk_rc=$?
-record train $((dense_rc ? dense_rc : oktopk_rc)) $((SECONDS - t0))
-((dense_rc == 0)) || echo "[gpu_suite] train: the dense run failed (exit $dense_rc), see $OUT/train_dense_p1.log"
-((oktopk_rc == 0)) || echo "[gpu_suite] train: the oktopk run failed (exit $oktopk_rc), see $OUT/train_oktopk_p2.log"
+common=(distributed.world_size=null out_dir="$OUT/runs" "${TRAIN[@]}" train.max_minutes="$max_minutes")
+declare -A train_pids=()
+train_run() {  # train_run NAME RANKS OVERRIDES...: in the background, its output in train_NAME.log
+    local name=$1 ranks=$2
+    shift 2
+    timeout --kill-after=5 "$TRAIN_SECONDS" "$MPIEXEC" -n "$ranks" "$PYTHON" train.py \
+        --config configs/lstman4_recipe.yaml name="$name" "${common[@]}" "$@" > "$OUT/train_$name.log" 2>&1 &
+    train_pids[$name]=$!
+}
+train_run dense-p1 1
+train_run dense-p1-bf16 1 train.precision=bf16
+train_run oktopk-p2 2 compression.algorithm=oktopk
+train_run oktopk-p4 4 compression.algorithm=oktopk
+train_rc=0
+for name in "${!train_pids[@]}"; do
+    wait "${train_pids[$name]}"; rc=$?
+    ((rc == 0)) || { echo "[gpu_suite] train: $name failed (exit $rc), see $OUT/train_$name.log"; train_rc=$rc; }
+done
+record train "$train_rc" $((SECONDS - t0))
 
 if [[ -z "${KEEP_CHECKPOINTS:-}" ]]; then  # hundreds of MB per lstman4 run, of no use after the scoring
     rm -rf "$OUT"/runs/*/checkpoints

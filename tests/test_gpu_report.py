@@ -38,14 +38,25 @@ def write_suite_outputs(out):
         step_row(1, "dense", 26.0, 0, 0, 2.0, precision="bf16")]}))
     (out / "step_time_P2.json").write_text(json.dumps({"batch": batch, "rows": [
         step_row(2, "dense", 77.3, 0, 69.9, 4.6), step_row(2, "oktopk", 78.3, 3.0, 5.0, 8.1)]}))
-    run = out / "runs" / "oktopk-p2"
+    write_run(out, "oktopk-p2", "oktopk", 2, "fp32", dev_wers=[0.91], test_wer=0.875, samples_per_sec=600.0)
+    write_run(out, "dense-p1", "dense", 1, "fp32", dev_wers=[0.50, 0.20, 0.16], test_wer=0.14)
+    write_run(out, "dense-p1-bf16", "dense", 1, "bf16", dev_wers=[0.52, 0.204], test_wer=0.15)
+    write_run(out, "oktopk-p4", "oktopk", 4, "fp32", dev_wers=[0.60, 0.212, 0.18], test_wer=0.16)
+
+
+def write_run(out, name, algorithm, P, precision, dev_wers, test_wer, samples_per_sec=500.0):
+    """A training's config.yaml and metrics.jsonl as train.py writes them: 13 steps per epoch, 2 s each."""
+    run = out / "runs" / name
     run.mkdir(parents=True)
-    (run / "config.yaml").write_text("compression:\n  algorithm: oktopk\ndistributed:\n  world_size: 2\n"
-                                     "train:\n  precision: fp32\n")
-    records = [{"kind": "train", "step": 10, "epoch": 0, "time": 100.0, "train/samples_per_sec": 600.0},
-               {"kind": "epoch", "step": 13, "epoch": 1, "time": 102.0, "epoch/loss": 95.5, "epoch/seconds": 2.0},
-               {"kind": "val", "step": 13, "epoch": 1, "time": 103.0, "val/wer": 0.91},
-               {"kind": "test", "step": 13, "epoch": 1, "time": 104.5, "test/wer": 0.875, "test/cer": 0.5}]
+    (run / "config.yaml").write_text(f"compression:\n  algorithm: {algorithm}\ndistributed:\n  world_size: {P}\n"
+                                     f"train:\n  precision: {precision}\n")
+    records = [{"kind": "train", "step": 10, "epoch": 0, "time": 100.0, "train/samples_per_sec": samples_per_sec}]
+    for epoch, wer in enumerate(dev_wers, start=1):
+        records += [{"kind": "epoch", "step": 13 * epoch, "epoch": epoch, "time": 100.0 + 2 * epoch,
+                     "epoch/loss": 95.5 / epoch, "epoch/seconds": 2.0},
+                    {"kind": "val", "step": 13 * epoch, "epoch": epoch, "time": 101.0 + 2 * epoch, "val/wer": wer}]
+    records.append({"kind": "test", "step": 13 * len(dev_wers), "epoch": len(dev_wers),
+                    "time": 102.5 + 2 * len(dev_wers), "test/wer": test_wer, "test/cer": 0.5})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
@@ -71,10 +82,36 @@ def test_summary_tables_and_targets(tmp_path):
     assert "| step <= 30 ms with bf16 (dense, P = 1) | 28.0 ms | met |" in lines
 
 
+def test_summary_compares_the_trainings_at_their_common_epoch(tmp_path):
+    """oktopk-p2 reached 1 epoch only: that is where all four are compared; dense-p1-bf16 reached 2."""
+    write_suite_outputs(tmp_path)
+    (tmp_path / "runs" / "oktopk-p2").rename(tmp_path / "oktopk-p2-aside")  # first: the other three, epoch 2
+    lines = report("summary", str(tmp_path)).stdout.splitlines()
+    assert "| dense-p1 | 3 | 0.200 | +0.0% | 0.160 | 0.140 | +0.0% |" in lines
+    assert "| dense-p1-bf16 | 2 | 0.204 | +2.0% | 0.204 | 0.150 | +7.1% |" in lines
+    assert "| oktopk-p4 | 3 | 0.212 | +6.0% | 0.180 | 0.160 | +14.3% |" in lines
+    assert "| lstman4 dense, 1 process: test WER <= 0.15 (issue 10) | 0.140 after 3 epochs | met |" in lines
+    assert ("| Ok-Topk, P = 4: dev WER within 5% relative of dense fp32 at the same epoch (issue 10) | +6.0% at "
+            "epoch 2 | NOT met |") in lines
+    assert ("| bf16 dense, P = 1: dev WER within 2% relative of dense fp32 at the same epoch (issue 12) | +2.0% at "
+            "epoch 2 | met |") in lines
+    assert ("| Ok-Topk, P = 2: dev WER within 5% relative of dense fp32 at the same epoch (issue 10) | n/a at "
+            "epoch 2 | n/a |") in lines
+
+    (tmp_path / "oktopk-p2-aside").rename(tmp_path / "runs" / "oktopk-p2")
+    lines = report("summary", str(tmp_path)).stdout.splitlines()
+    assert "Dev WER at epoch 1, the last epoch every run reached (same epochs); test WER after each run's own " \
+           "last epoch." in lines
+    assert "| oktopk-p2 | 1 | 0.910 | +82.0% | 0.910 | 0.875 | +525.0% |" in lines
+    assert ("| Ok-Topk, P = 2: dev WER within 5% relative of dense fp32 at the same epoch (issue 10) | +82.0% at "
+            "epoch 1 | NOT met |") in lines
+
+
 def test_summary_of_an_empty_folder_says_what_is_missing(tmp_path):
     proc = report("summary", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "# GPU suite: no GPU" in proc.stdout and proc.stdout.count("no result") == 3
+    assert "| lstman4 dense, 1 process: test WER <= 0.15 (issue 10) | n/a after n/a epochs | n/a |" in proc.stdout
     assert "| threshold reuse <= 0.1 ms | n/a | n/a |" in proc.stdout
 
 

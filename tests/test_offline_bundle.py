@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import soundfile
+import yaml
 
 from sparse_asr.data.manifest import missing_files, read_manifest
 from tests.conftest import REPO
@@ -262,13 +263,18 @@ def test_gpu_suite_dry_run_from_the_bundle(unpacked, tmp_path):
     assert [tuple(line.split(" | ")[:3]) for line in step_rows] == [
         ("| 1", "fp32", "dense"), ("| 1", "fp32", "topka"), ("| 1", "fp32", "oktopk"), ("| 1", "bf16", "dense"),
         ("| 1", "bf16", "oktopk"), ("| 2", "fp32", "dense"), ("| 2", "fp32", "topka"), ("| 2", "fp32", "oktopk")]
-    for run_name, algorithm, ranks in (("dense-p1", "dense", "1"), ("oktopk-p2", "oktopk", "2")):
+    trainings = (("dense-p1", "dense", "1", "fp32"), ("dense-p1-bf16", "dense", "1", "bf16"),
+                 ("oktopk-p2", "oktopk", "2", "fp32"), ("oktopk-p4", "oktopk", "4", "fp32"))
+    for run_name, algorithm, ranks, precision in trainings:
         row = next(line for line in summary.splitlines() if line.startswith(f"| {run_name} |")).split(" | ")
-        assert row[1:3] == [algorithm, ranks] and re.fullmatch(r"\d+\.\d{3}", row[11]), row  # a test WER
+        assert row[1:4] == [algorithm, ranks, precision] and re.fullmatch(r"\d+\.\d{3}", row[11]), row  # a test WER
+        # train.py from the bundle, on its FLAC manifests, with the recipe and the suite's time limit
+        assert "data: 16 train, 8 dev, 8 test utterances" in (out / f"train_{run_name}.log").read_text()
+        config = yaml.safe_load((out / "runs" / run_name / "config.yaml").read_text())
+        assert config["model"]["sync_batchnorm"] and config["data"]["freq_masks"] == 2, run_name
+        assert config["train"]["max_minutes"] == 3.0, run_name  # (240 s - 60 s) / 60
     assert "| cpu | 1 | 0.02 |" in summary and "torch.topk" in summary
-    # the trainings ran train.py from the bundle, on its FLAC manifests
-    for log in ("train_dense_p1.log", "train_oktopk_p2.log"):
-        assert "data: 16 train, 8 dev, 8 test utterances" in (out / log).read_text()
+    assert "| lstman4 dense, 1 process: test WER <= 0.15 (issue 10) |" in summary
     metrics = [json.loads(line) for line in (out / "runs/oktopk-p2/metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in metrics if m["kind"] == "test"] == [1]
     assert not list((out / "runs").glob("*/checkpoints")), "checkpoints are removed at the end"
@@ -292,4 +298,4 @@ def test_gpu_suite_refuses_bad_arguments(unpacked, tmp_path):
     proc = run(["bash", "bench/gpu_suite.sh", "--fast"], env, folder)
     assert proc.returncode == 2 and "unknown argument '--fast'" in proc.stderr
     proc = run(["bash", "bench/gpu_suite.sh", "--dry-run"], {**env, "EPOCHS": "0"}, folder)
-    assert proc.returncode == 2 and "EPOCHS must be positive integers" in proc.stderr
+    assert proc.returncode == 2 and "STEPS, EPOCHS and SUITE_SECONDS must be positive integers" in proc.stderr

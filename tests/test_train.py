@@ -206,6 +206,27 @@ def test_nonfinite_steps_in_a_row_stop_the_run(tiny_manifest, tmp_path, monkeypa
         run_training(tiny_on(tiny_manifest, tmp_path, "nan3", train__epochs=3, train__max_nonfinite_in_row=3))
 
 
+def test_max_minutes_stops_after_a_scored_epoch_and_the_run_resumes(tiny_manifest, tmp_path, capsys):
+    """A budget already spent after the first epoch: the run stops there, scores dev (although
+    eval_every_epochs=2 would skip epoch 1) and test, checkpoints, and --resume goes on to train.epochs.
+    A budget that is ample changes nothing."""
+    run_dir = tmp_path / "timed"
+    results = run_training(tiny_on(tiny_manifest, tmp_path, "timed", train__epochs=3, train__eval_every_epochs=2,
+                                   train__max_minutes=1e-6))
+    assert "stopping after epoch 1 of 3" in capsys.readouterr().out
+    assert set(results) == {"dev", "test"}
+    assert [(m["kind"], m["epoch"]) for m in read_metrics(run_dir) if m["kind"] != "train"] == \
+        [("epoch", 1), ("val", 1), ("test", 1)]
+    assert len(epoch_losses(run_dir)) == 1
+
+    run_training(["train.max_minutes=0"], resume=str(run_dir), config=None)
+    rows = [(m["kind"], m["epoch"]) for m in read_metrics(run_dir) if m["kind"] in ("epoch", "val")]
+    assert rows == [("epoch", 1), ("val", 1), ("epoch", 2), ("val", 2), ("epoch", 3), ("val", 3)]
+
+    run_training(tiny_on(tiny_manifest, tmp_path, "ample", train__epochs=3, train__max_minutes=10))
+    assert len(epoch_losses(tmp_path / "ample")) == 3
+
+
 def test_sampler_gives_every_rank_the_same_number_of_steps(tiny_manifest):
     """The trainer relies on it: every rank must run the same number of collectives."""
     dataset = SpeechDataset(tiny_manifest)

@@ -73,6 +73,10 @@ class TrainConfig:
     # fp32, or bf16: forward and loss under torch.autocast(bfloat16). Master weights, the flat gradient
     # buffer, communication and evaluation stay float32 (CTC loss takes float32 log-probabilities).
     precision: str = "fp32"
+    # Wall-clock budget of the training loop (batch jobs with a walltime, fixed-time comparisons): the run
+    # stops after the epoch past which the next one would likely overrun it, and is then dev- and
+    # test-scored and checkpointed as usual (resumable). 0 = no limit. Startup and the test scoring come on top.
+    max_minutes: float = 0.0
 
 
 @dataclass
@@ -314,6 +318,7 @@ def _check_values(cfg: Config, where) -> None:
     require(t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
     require(t.threads >= 0, "train.threads", "must be >= 0")
     require(t.precision in ("fp32", "bf16"), "train.precision", "must be fp32 or bf16")
+    require(t.max_minutes >= 0, "train.max_minutes", "must be >= 0 (0 = no limit)")
     require(cfg.data.num_workers >= 0, "data.num_workers", "must be >= 0")
     require(cfg.data.max_train_utterances >= 0, "data.max_train_utterances", "must be >= 0 (0 = all)")
     require(cfg.data.max_eval_utterances >= 0, "data.max_eval_utterances", "must be >= 0 (0 = all)")

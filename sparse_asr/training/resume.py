@@ -22,10 +22,10 @@ from sparse_asr.training.config import (Config, ConfigError, build_config, flatt
                                         resolve_world_size, to_dict)
 
 # Keys that change how a run is watched or how long it goes on, not what it computes step by step.
-SAFE_TO_CHANGE = ("train.epochs", "train.eval_every_epochs", "train.eval_batch_size", "train.log_every_steps",
-                  "train.checkpoint_every_steps", "train.keep_checkpoints", "train.checksum_every",
-                  "train.max_nonfinite_in_row", "train.threads", "data.num_workers", "distributed.cuda_aware_mpi",
-                  "distributed.timeout_s")
+SAFE_TO_CHANGE = ("train.epochs", "train.max_minutes", "train.eval_every_epochs", "train.eval_batch_size",
+                  "train.log_every_steps", "train.checkpoint_every_steps", "train.keep_checkpoints",
+                  "train.checksum_every", "train.max_nonfinite_in_row", "train.threads", "data.num_workers",
+                  "distributed.cuda_aware_mpi", "distributed.timeout_s")
 # Keys that describe where and how the run was started, not its training: never compared.
 LOCATION_KEYS = ("name", "out_dir", "train.resume", "distributed.world_size")
 

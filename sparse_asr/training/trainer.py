@@ -109,7 +109,7 @@ class Trainer:
                  f"{cfg.train.global_batch_size} on {self.comm.size} rank(s)); {self.flat_grad.numel():,} "
                  f"parameters; gradient exchange: {self.exchange.describe()}")
         self.t_start, self.step_start = time.perf_counter(), progress.step
-        results, algorithm = {}, None
+        results, algorithm, t_epoch_start = {}, None, self.t_start
         while progress.epoch < cfg.train.epochs:
             self.sampler.set_epoch(progress.epoch, start_batch=progress.batch_in_epoch)
             self.train_set.set_epoch(progress.epoch)  # selects the epoch's augmentation masks
@@ -141,16 +141,33 @@ class Trainer:
             self.log_epoch()
             if not cfg.model.sync_batchnorm:  # synchronized BatchNorm keeps them identical already
                 replicas.average_buffers(self.comm, self.model)
+            out_of_time = progress.epoch < cfg.train.epochs and self.out_of_time(t_epoch_start)
             improved = False
             if cfg.train.eval_every_epochs and (progress.epoch % cfg.train.eval_every_epochs == 0
-                                                or progress.epoch == cfg.train.epochs):
+                                                or progress.epoch == cfg.train.epochs or out_of_time):
                 results["dev"] = self.evaluate_set("val", self.dev_set)
                 improved = results["dev"].get("wer", math.inf) < progress.best_wer
                 progress.best_wer = min(progress.best_wer, results["dev"].get("wer", math.inf))
             self.save(best=improved)
+            if out_of_time:
+                log.info(f"stopping after epoch {progress.epoch} of {cfg.train.epochs}: another epoch would likely "
+                         f"end past train.max_minutes={cfg.train.max_minutes:g} (resume to go on)")
+                break
+            t_epoch_start = time.perf_counter()
         if self.test_set is not None:
             results["test"] = self.evaluate_set("test", self.test_set)
         return results
+
+    def out_of_time(self, t_epoch_start: float) -> bool:
+        """Collective: would one more epoch like the last (training, evaluation, checkpoint) end past
+        train.max_minutes? Rank 0's clock decides for all, so every rank stops after the same epoch."""
+        budget = self.cfg.train.max_minutes * 60
+        if not budget:
+            return False
+        now = time.perf_counter()
+        # twice this epoch's training time: its scoring and checkpoint (still due), then one more epoch
+        verdict = now - self.t_start + 2 * (now - t_epoch_start) > budget if self.comm.rank == 0 else None
+        return self.comm.bcast_object(verdict)
 
     def on_skipped_step(self) -> None:
         p = self.progress
