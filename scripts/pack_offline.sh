@@ -5,8 +5,9 @@
 #                                [--max-utterances N] [--wheel-cache .cache/offline-wheels]
 #
 # The folder <out>/sparse_asr-offline-py<X.Y>/ holds
-#   - the repository's tracked files as they are in this working tree, less docs/ (results) and tests/
-#     (they need pytest and the SPHERE archive; data and wheels leave ~0.2 MiB under the limit),
+#   - the repository's tracked files as they are in this working tree, less docs/ (results), tests/
+#     (they need pytest and the SPHERE archive) and DESIGN.md (for developers): data and wheels leave
+#     about 50 KB under the 60 MiB limit for the code (tests/test_offline_bundle.py checks it),
 #   - AN4 as FLAC in datasets/an4/ with manifests/an4_{train,dev,test}.csv pointing at it by relative
 #     path (valid wherever the bundle is unpacked; --max-utterances N keeps the N shortest per split),
 #   - wheels/: what an image with torch, torchaudio, numpy, pandas, tensorboard, PyYAML and matplotlib
@@ -63,7 +64,8 @@ trap 'rm -rf "$BUILD"' EXIT
 
 echo "pack_offline.sh: tracked files -> $BUILD"
 git ls-files -z | while IFS= read -r -d '' file; do  # tracked files that exist (a deleted one is skipped)
-    [[ "$file" == docs/* || "$file" == tests/* ]] || { [[ -e "$file" || -L "$file" ]] && printf '%s\0' "$file"; }
+    [[ "$file" == docs/* || "$file" == tests/* || "$file" == DESIGN.md ]] ||
+        { [[ -e "$file" || -L "$file" ]] && printf '%s\0' "$file"; }
 done | tar --null -T - -cf - | tar -xf - -C "$BUILD"
 
 echo "pack_offline.sh: wheels for CPython $PYTHON_VERSION: ${PINS[*]}"

@@ -12,7 +12,7 @@ SELECTION = """numel = 27,569,568, float32, median of 10 runs; ratio = torch.top
 |---|---|---|---|---|---|---|---|
 | cuda | 8 | 0.02 | 551,391 | torch.topk | 0.7 | 1.00x | yes |
 | cuda | 8 | 0.02 | 551,391 | radix select | 2.0 | 0.35x | yes |
-| cuda | 8 | 0.02 | 551,391 | sample+refine (ours) | 4.2 | 0.17x | yes |
+| cuda | 8 | 0.02 | 551,391 | topk_threshold_select (ours) | 4.2 | 0.17x | yes |
 | cuda | 8 | 0.02 | 551,391 | threshold reuse | 0.2 | 3.50x | n/a |
 """
 
@@ -72,7 +72,7 @@ def test_summary_tables_and_targets(tmp_path):
     lines = proc.stdout.splitlines()
     assert lines[0] == "# GPU suite: NVIDIA H200"
     assert "| step_P2 | timed out | 95 | 95 |" in lines
-    assert "| cuda | 8 | 0.02 | 551,391 | sample+refine (ours) | 4.2 | 0.17x | yes |" in lines
+    assert "| cuda | 8 | 0.02 | 551,391 | topk_threshold_select (ours) | 4.2 | 0.17x | yes |" in lines
     assert "| 2 | fp32 | oktopk | lstman4 | 64 | 78.3 | 3.0 | 5.0 | 8.1 | 94.4 | 10.2% |" in lines
     assert "| 1 | bf16 | dense | lstman4 | 64 | 26.0 | 0.0 | 0.0 | 2.0 | 28.0 | 0.0% |" in lines
     assert "| oktopk-p2 | oktopk | 2 | fp32 | 1 | 13 | 2.0 | 4.5 | 600.0 | 95.500 | 0.910 | 0.875 | 0.500 |" in lines
