@@ -43,6 +43,11 @@ def test_resume_after_a_mid_epoch_crash_is_exact_on_two_ranks(an4_manifests, tmp
     assert tree_digest(tmp_path / "crashed") == before
 
 
+def test_max_minutes_is_decided_by_rank_0_for_every_rank(an4_manifests, tmp_path):
+    out = check_mpi(2, ["-m", "tests.mpi.train_timed", str(an4_manifests), str(tmp_path)], timeout=180)
+    assert "P=2: every rank stopped where rank 0's clock said (3 epochs, then 1)" in out, out
+
+
 def test_an_exception_on_rank_1_ends_every_rank_promptly(an4_manifests, tmp_path):
     proc = run_mpi(2, ["-m", "tests.mpi.train_fail", str(an4_manifests), str(tmp_path)], timeout=120)
     ended = time.time()
