@@ -134,6 +134,7 @@ def accuracy_section(runs: list[dict]) -> tuple[list[str], list[str]]:
     at_common = {r["name"]: r["dev_wer_by_epoch"].get(common) for r in scored}
     dense = next((r for r in runs if r["algorithm"] == "dense" and r["P"] == 1 and r["precision"] == "fp32"), None)
     dense_dev = at_common.get(dense["name"]) if dense else None
+    dense_test = dense["test_wer"] if dense else None
     lines = [f"Dev WER at epoch {fmt(common, 'd')}, the last epoch every run reached (same epochs); test WER "
              "after each run's own last epoch.", "",
              f"| run | epochs | dev WER at epoch {fmt(common, 'd')} | vs dense P = 1 fp32 | best dev WER | test WER "
@@ -142,14 +143,10 @@ def accuracy_section(runs: list[dict]) -> tuple[list[str], list[str]]:
         dev = at_common.get(r["name"])
         lines.append(f"| {r['name']} | {r['epochs']} | {fmt(dev)} | {pct(relative(dev, dense_dev))} "
                      f"| {fmt(r['best_dev_wer'])} | {fmt(r['test_wer'])} "
-                     f"| {pct(relative(r['test_wer'], dense['test_wer'] if dense else None))} |")
-
-    def verdict(ok):
-        return "n/a" if ok is None else ("met" if ok else "NOT met")
-
-    rows = [f"| lstman4 dense, 1 process: test WER <= 0.15 (issue 10) | {fmt(dense['test_wer'] if dense else None)} "
+                     f"| {pct(relative(r['test_wer'], dense_test))} |")
+    rows = [f"| lstman4 dense, 1 process: test WER <= 0.15 (issue 10) | {fmt(dense_test)} "
             f"after {fmt(dense['epochs'] if dense else None, 'd')} epochs "
-            f"| {verdict(None if not dense or dense['test_wer'] is None else dense['test_wer'] <= 0.15)} |"]
+            f"| {verdict(None if dense_test is None else dense_test <= 0.15)} |"]
     for name, P, precision, algorithm, slack, issue in (("Ok-Topk", 2, "fp32", "oktopk", 5, 10),
                                                         ("Ok-Topk", 4, "fp32", "oktopk", 5, 10),
                                                         ("bf16 dense", 1, "bf16", "dense", 2, 12)):
@@ -169,6 +166,11 @@ def pct(value) -> str:
     return "n/a" if value is None else f"{value:+.1f}%"
 
 
+def verdict(ok) -> str:
+    """A target row's last cell: met, NOT met, or n/a when the figure is missing."""
+    return "n/a" if ok is None else ("met" if ok else "NOT met")
+
+
 def targets(selection: list[dict], step_rows: list[dict]) -> list[str]:
     """Issue 12's speed targets, against the measured figures (n/a if missing)."""
     def select_ms(name_part):
@@ -184,9 +186,6 @@ def targets(selection: list[dict], step_rows: list[dict]) -> list[str]:
     oktopk2, bf16 = step(2, "fp32", "oktopk"), step(1, "bf16", "dense")
     share = oktopk2["comm_select_pct_of_compute"] if oktopk2 else None
     bf16_ms = bf16["t_step_mean"] * 1e3 if bf16 else None
-
-    def verdict(ok):
-        return "n/a" if ok is None else ("met" if ok else "NOT met")
 
     def shown(value, unit, spec=".2f"):
         return "n/a" if value is None else f"{value:{spec}}{unit}"
