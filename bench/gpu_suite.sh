@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything issues 10 and 12 measure on a GPU node, in one command: one GPU, no network, at most 8 minutes.
 #
-#   bash bench/gpu_suite.sh [--out DIR] [--dry-run]
+#   bash bench/gpu_suite.sh [--out DIR] [--dry-run] [--trainings-only]
 #
 #   env            nvidia-smi, torch / CUDA / cuDNN versions, GPU name, MPI library    -> env.json, nvidia-smi.txt
 #   selection      bench/selection.py on CUDA: exact top-k methods vs threshold reuse  -> selection.md
@@ -20,6 +20,8 @@
 # on; the exit status is 1 if any step failed. Settable in the environment: STEPS (measured steps per
 # algorithm, default 64), EPOCHS (default 60: the trainings' schedule, whose first 5% is the dense
 # warm-up) and SUITE_SECONDS. The trainings' checkpoints are deleted at the end unless KEEP_CHECKPOINTS=1.
+# --trainings-only: env, train and summary only, the trainings getting all of SUITE_SECONDS (enough for all
+# four to finish the same EPOCHS, so that test WERs compare at the same epochs).
 # --dry-run: every step with tiny sizes on the CPU (lstman4_tiny, 2 steps, 16 utterances, 1 epoch) to
 # check the commands here rather than on the GPU.
 # Runs in a checkout (its .venv) or in an offline bundle after `source bootstrap.sh` (python3 and
@@ -27,12 +29,14 @@
 set -uo pipefail  # no -e: a failing step must not end the suite
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
 DRY_RUN=0
+TRAININGS_ONLY=0
 OUT=""
 while (($#)); do
     case "$1" in
         --dry-run) DRY_RUN=1; shift ;;
+        --trainings-only) TRAININGS_ONLY=1; shift ;;
         --out) [[ $# -ge 2 && -n "$2" ]] || { echo "gpu_suite.sh: error: --out needs a directory" >&2; exit 2; }
                OUT=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
@@ -111,10 +115,12 @@ step_time() {  # step_time STEP P ALGORITHMS... [-- MORE step_time.py ARGUMENTS]
 
 echo "[gpu_suite] results in $OUT ($( ((DRY_RUN)) && echo "dry run on the CPU" || echo "GPU run" ))"
 run_step env "$OUT/env.txt" "$PYTHON" bench/gpu_report.py env "$OUT" $( ((DRY_RUN)) || echo --require-cuda)
-run_step selection "$OUT/selection.md" "$PYTHON" bench/selection.py "${SELECTION[@]}"
-step_time step_P1 1 dense topka oktopk "${STEP_TIME[@]}"
-step_time step_P1_bf16 1 dense oktopk "${STEP_TIME[@]}" train.precision=bf16
-step_time step_P2 2 dense topka oktopk "${STEP_TIME[@]}"
+if ! ((TRAININGS_ONLY)); then
+    run_step selection "$OUT/selection.md" "$PYTHON" bench/selection.py "${SELECTION[@]}"
+    step_time step_P1 1 dense topka oktopk "${STEP_TIME[@]}"
+    step_time step_P1_bf16 1 dense oktopk "${STEP_TIME[@]}" train.precision=bf16
+    step_time step_P2 2 dense topka oktopk "${STEP_TIME[@]}"
+fi
 
 # The four trainings share the GPU (and the time limit); each has its own log. Each stops by itself when
 # train.max_minutes is up, leaving a minute for start-up and the test scoring before the hard limit.

@@ -97,6 +97,11 @@ def test_summary_compares_the_trainings_at_their_common_epoch(tmp_path):
             "epoch 2 | met |") in lines
     assert ("| Ok-Topk, P = 2: dev WER within 5% relative of dense fp32 at the same epoch (issue 10) | n/a at "
             "epoch 2 | n/a |") in lines
+    # test WER only where both runs finished the same epochs: oktopk-p4 and dense-p1 both after 3
+    assert ("| Ok-Topk, P = 4: test WER within 5% relative of dense fp32, both after the same epochs (issue 10) "
+            "| +14.3% after 3 epochs | NOT met |") in lines
+    assert ("| Ok-Topk, P = 2: test WER within 5% relative of dense fp32, both after the same epochs (issue 10) "
+            "| n/a | n/a |") in lines
 
     (tmp_path / "oktopk-p2-aside").rename(tmp_path / "runs" / "oktopk-p2")
     lines = report("summary", str(tmp_path)).stdout.splitlines()
@@ -105,6 +110,8 @@ def test_summary_compares_the_trainings_at_their_common_epoch(tmp_path):
     assert "| oktopk-p2 | 1 | 0.910 | +82.0% | 0.910 | 0.875 | +525.0% |" in lines
     assert ("| Ok-Topk, P = 2: dev WER within 5% relative of dense fp32 at the same epoch (issue 10) | +82.0% at "
             "epoch 1 | NOT met |") in lines
+    assert ("| Ok-Topk, P = 2: test WER within 5% relative of dense fp32, both after the same epochs (issue 10) "
+            "| n/a (not the same epochs) | n/a |") in lines
 
 
 def test_summary_of_an_empty_folder_says_what_is_missing(tmp_path):

@@ -291,6 +291,12 @@ def test_gpu_suite_reports_a_failed_step_and_goes_on(unpacked, tmp_path):
     summary = (out / "summary.md").read_text()
     assert "| step_P2 | failed (exit 1) |" in summary and "torch.topk" in summary
     assert "some steps FAILED" in proc.stdout
+    # --trainings-only: the trainings get the whole time; selection and step time are not run
+    out = tmp_path / "trainings"
+    proc = run(["bash", "bench/gpu_suite.sh", "--dry-run", "--trainings-only", "--out", str(out)],
+               {**env, "MPIEXEC": "false"}, folder)
+    status = dict(line.split("\t")[:2] for line in (out / "steps.tsv").read_text().splitlines()[1:])
+    assert proc.returncode == 1 and status == {"env": "ok", "train": "failed (exit 1)", "summary": "ok"}, proc.stdout
 
 
 def test_gpu_suite_refuses_bad_arguments(unpacked, tmp_path):
