@@ -19,6 +19,7 @@ def test_compressors_match_reference(nprocs):
     out = check_mpi(nprocs, ["-m", "tests.mpi.compressor_check"], timeout=240)
     for name in COMPRESSORS:
         assert f"ok {name} " in out, out
+    assert f"ok dense_1d oktopk P={nprocs}" in out and f"ok dense_1d topka P={nprocs}" in out, out
 
 
 def test_registry_names():

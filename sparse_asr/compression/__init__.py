@@ -1,7 +1,7 @@
 """Registry of gradient compressors by config name. Adding an algorithm: its own file, one line here,
 and its reference in tests/reference.py (see README, "Adding a compressor")."""
 from sparse_asr.compression.base import Compressor, Cost, SparseCompressor, StepStats, parse_options
-from sparse_asr.compression.dense import DenseAllreduce, DenseWarmup
+from sparse_asr.compression.dense import DenseAllreduce, DenseVectors, DenseWarmup
 from sparse_asr.compression.gaussiank import Gaussiank
 from sparse_asr.compression.gtopk import GTopk
 from sparse_asr.compression.oktopk import OkTopk
@@ -21,13 +21,18 @@ def warmup_steps(setting: int | str, total_steps: int) -> int:
 
 
 def build_compressor(name: str, comm, numel: int, density: float = 1.0, device="cpu", shapes=None,
-                     warmup: int = 0, **options) -> Compressor:
-    """The compressor called `name` (its `options` validated by its Options), behind `warmup` dense steps."""
+                     warmup: int = 0, dense_1d: bool = False, **options) -> Compressor:
+    """The compressor called `name` (its `options` validated by its Options), with the 1-D parameters (by
+    `shapes`) beside it by dense allreduce if `dense_1d`, behind `warmup` dense steps."""
     if name not in COMPRESSORS:
         raise ValueError(f"unknown compression algorithm {name!r}; known: {', '.join(sorted(COMPRESSORS))}")
     compressor = COMPRESSORS[name](comm, numel, density, device=device, shapes=shapes, **options)
-    return DenseWarmup(compressor, warmup) if warmup and name != DenseAllreduce.name else compressor
+    if name == DenseAllreduce.name:
+        return compressor
+    if dense_1d:
+        compressor = DenseVectors(compressor, compressor.shapes)
+    return DenseWarmup(compressor, warmup) if warmup else compressor
 
 
-__all__ = ["COMPRESSORS", "Compressor", "Cost", "DenseWarmup", "SparseCompressor", "StepStats", "build_compressor",
+__all__ = ["COMPRESSORS", "Compressor", "Cost", "DenseVectors", "DenseWarmup", "SparseCompressor", "StepStats", "build_compressor",
            "parse_options", "warmup_steps"]

@@ -1,4 +1,8 @@
-"""Dense allreduce: SUM / P. The reference every sparse algorithm is compared against."""
+"""Dense allreduce: SUM / P. The reference every sparse algorithm is compared against. Also the two wrappers
+that put dense allreduce beside another compressor: DenseWarmup (the first steps) and DenseVectors (the
+one-dimensional parameters)."""
+import dataclasses
+
 import torch
 
 from sparse_asr.compression.base import Compressor, Cost, StepStats, dense_allreduce_bytes
@@ -60,3 +64,45 @@ class DenseWarmup(Compressor):
     def load_state_dict(self, state: dict) -> None:
         self.taken = int(state["warmup_taken"])
         self.inner.load_state_dict(state["inner"])
+
+
+class DenseVectors(Compressor):
+    """The one-dimensional parameters (biases, BatchNorm scales and shifts: a small share of the entries)
+    are averaged by dense allreduce; `inner` exchanges the rest, seeing zeros in their place, so it never
+    selects them and keeps no residual for them (compression.dense_1d). Why: a bias followed by
+    synchronized BatchNorm has a gradient that sums to exactly zero over ranks while no rank's own is zero,
+    so under error feedback its residual grows without bound (docs/results.md)."""
+
+    def __init__(self, inner: Compressor, shapes):
+        self.inner = inner
+        self.name, self.comm, self.numel, self.density = inner.name, inner.comm, inner.numel, inner.density
+        self.device = inner.device
+        offsets, positions = 0, []
+        for shape in shapes:
+            size = shape.numel()
+            if len(shape) == 1:
+                positions.append(torch.arange(offsets, offsets + size))
+            offsets += size
+        self.positions = torch.cat(positions).to(inner.device) if positions else torch.zeros(0, dtype=torch.long)
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()}, {self.positions.numel():,} entries of 1-D parameters by dense allreduce"
+
+    def step(self, flat_grad: torch.Tensor) -> StepStats:
+        vectors = flat_grad[self.positions]  # a copy (advanced indexing)
+        flat_grad[self.positions] = 0.0
+        stats = self.inner.step(flat_grad)
+        before = self.comm.counts()
+        self.comm.allreduce_(vectors)
+        flat_grad[self.positions] = vectors / self.comm.size
+        moved = self.comm.counts() - before
+        return dataclasses.replace(
+            stats, selected_global=stats.selected_global + self.positions.numel(),
+            bytes_sent=stats.bytes_sent + moved.bytes_sent, bytes_recv=stats.bytes_recv + moved.bytes_recv,
+            messages=stats.messages + moved.msgs_sent, seconds_comm=stats.seconds_comm + moved.seconds)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)

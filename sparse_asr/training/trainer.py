@@ -62,7 +62,8 @@ class Trainer:
 
         c = self.cfg.compression
         return build_compressor(c.algorithm, self.comm, self.flat_grad.numel(), c.density, self.device,
-                                shapes=[p.shape for p in self.params], warmup=warmup, **c.options)
+                                shapes=[p.shape for p in self.params], warmup=warmup, dense_1d=c.dense_1d,
+                                **c.options)
 
     # ------------------------------------------------------------------------------ the step
     def forward_loss(self, batch) -> torch.Tensor:

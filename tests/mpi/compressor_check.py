@@ -12,6 +12,9 @@ recomputes, in numpy, every rank's accumulated gradient and the expected result.
     sum of (residual before + gradient), in float64;
   - bytes sent and received equal the per-algorithm volumes of the reference exactly;
   - a non-finite gradient raises and leaves the residual untouched.
+And compression.dense_1d (DenseVectors) around Ok-Topk and TopkA: the 1-D parameters' entries are the exact
+mean over ranks, the rest is bitwise what the bare compressor makes of the gradient with those entries
+zeroed, their residual stays 0, and the bytes are the bare compressor's plus one ring allreduce of them.
 Any failure aborts all ranks with a non-zero exit code.
 """
 
@@ -20,6 +23,7 @@ import torch
 
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import COMPRESSORS, build_compressor
+from sparse_asr.compression.base import dense_allreduce_bytes
 from tests import reference as ref
 from sparse_asr.training.runtime import run_or_abort
 
@@ -110,6 +114,36 @@ def check_case(comm, name, density, options):
         assert torch.equal(comp.residual, kept), f"{name}: residual changed by a rejected step"
 
 
+SHAPES = [torch.Size([37]), torch.Size([40, 50]), torch.Size([5]), torch.Size([29, 33])]  # 2999 entries
+ONE_D = np.r_[0:37, 2037:2042]
+
+
+def check_dense_1d(comm, name, density):
+    P, rank = comm.size, comm.rank
+    wrapped = build_compressor(name, comm, N, density, shapes=SHAPES, dense_1d=True)
+    bare = build_compressor(name, comm, N, density, shapes=SHAPES)
+    for step in range(STEPS):
+        grad = gradient(step, rank)
+        grads = comm.allgather_object(grad)
+        flat = torch.from_numpy(grad.copy())
+        stats = wrapped.step(flat)
+        masked = grad.copy()
+        masked[ONE_D] = 0.0
+        bare_flat = torch.from_numpy(masked)
+        bare_stats = bare.step(bare_flat)
+        where = f"dense_1d {name} P={P} rank={rank} step={step}"
+        update, expected = flat.numpy(), bare_flat.numpy()
+        exact_mean = np.mean(np.stack(grads).astype(np.float64), axis=0)[ONE_D]
+        np.testing.assert_allclose(update[ONE_D], exact_mean, rtol=1e-5, atol=1e-6, err_msg=where)
+        rest = np.setdiff1d(np.arange(N), ONE_D)
+        assert np.array_equal(update[rest], expected[rest]), f"{where}: the compressed part differs from the bare one"
+        assert np.all(wrapped.inner.residual.numpy()[ONE_D] == 0.0), f"{where}: residual kept for 1-D entries"
+        assert torch.equal(wrapped.inner.residual, bare.residual), where
+        ring = dense_allreduce_bytes(ONE_D.size, P)
+        assert (stats.bytes_sent, stats.bytes_recv) == (bare_stats.bytes_sent + ring, bare_stats.bytes_recv + ring), where
+        assert stats.selected_global == bare_stats.selected_global + ONE_D.size, where
+
+
 def main():
     torch.set_num_threads(1)
     comm = Communicator()
@@ -124,6 +158,10 @@ def run_cases(comm):
             check_case(comm, name, density, options)
         if comm.rank == 0:
             print(f"ok {name} density={density} {options} P={comm.size}", flush=True)
+    for name in ("oktopk", "topka"):
+        check_dense_1d(comm, name, 0.02)
+        if comm.rank == 0:
+            print(f"ok dense_1d {name} P={comm.size}", flush=True)
 
 
 if __name__ == "__main__":
