@@ -34,5 +34,5 @@ def build_compressor(name: str, comm, numel: int, density: float = 1.0, device="
     return DenseWarmup(compressor, warmup) if warmup else compressor
 
 
-__all__ = ["COMPRESSORS", "Compressor", "Cost", "DenseVectors", "DenseWarmup", "SparseCompressor", "StepStats", "build_compressor",
-           "parse_options", "warmup_steps"]
+__all__ = ["COMPRESSORS", "Compressor", "Cost", "DenseVectors", "DenseWarmup", "SparseCompressor", "StepStats",
+           "build_compressor", "parse_options", "warmup_steps"]
