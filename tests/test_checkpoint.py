@@ -213,6 +213,24 @@ def test_resume_by_run_directory_uses_the_saved_config_where_the_run_now_lives(s
     assert cfg2.train.epochs == 5 and cfg2.run_dir.resolve() == moved.resolve()
 
 
+def test_resume_a_checkpoint_written_before_a_key_existed(saved_run):
+    """A key added to the code later (here compression.dense_1d, removed from the saved config as an older
+    version would have written it) counts as its default: same run, resumable; set to another value, refused."""
+    manifest_path = saved_run / "checkpoints" / "last" / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["config"]["compression"]["dense_1d"]
+    manifest["config"]["compression"].update(algorithm="oktopk", options={"local_threshold_interval": 16})
+    manifest_path.write_text(json.dumps(manifest))
+    for config in (None, str(SMOKE_CONFIG)):
+        overrides = ["train.epochs=5"] + (["compression.algorithm=oktopk",  # as saved, with nested options
+                                           "compression.options.local_threshold_interval=16"] if config else [])
+        cfg, checkpoint = config_for_run(config, overrides, str(saved_run), 1)
+        assert checkpoint and cfg.compression.dense_1d is False and cfg.train.epochs == 5
+        assert cfg.compression.options == {"local_threshold_interval": 16}
+    with pytest.raises(ConfigError, match="compression.dense_1d False -> True"):
+        config_for_run(None, ["compression.dense_1d=true"], str(saved_run), 1)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["model.name=lstman4_small"], "model.name 'lstman4_tiny' -> 'lstman4_small'"),
     (["compression.algorithm=oktopk"], "compression.algorithm 'dense' -> 'oktopk'"),

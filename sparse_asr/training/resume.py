@@ -64,7 +64,11 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str, w
     if requested is None:
         requested = build_config(saved, overrides, source=f"{directory / 'manifest.json'}")
     check_location(requested, overrides, run_dir)
-    old, new = flatten(saved), flatten(to_dict(resolve_world_size(requested, world_size)))
+    # A key the saved config lacks was added to the code after the checkpoint was written: it counts as its
+    # default, which keeps what the run computed (a new key's default must be the old behaviour).
+    source = str(directory / "manifest.json")
+    old = flatten(to_dict(build_config(saved, source=source)))
+    new = flatten(to_dict(resolve_world_size(requested, world_size)))
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in LOCATION_KEYS)
     unsafe = [k for k in changed if k not in SAFE_TO_CHANGE]
     if unsafe:
@@ -80,7 +84,7 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str, w
         for section in sections:
             node = node[section]
         node[last] = value
-    return build_config(raw, source=str(directory / "manifest.json")), str(directory)
+    return build_config(raw, source=source), str(directory)
 
 
 def run_dir_of(directory: Path) -> Path:
