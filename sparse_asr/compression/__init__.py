@@ -30,7 +30,7 @@ def build_compressor(name: str, comm, numel: int, density: float = 1.0, device="
     if name == DenseAllreduce.name:
         return compressor
     if dense_1d:
-        compressor = DenseVectors(compressor, compressor.shapes)
+        compressor = DenseVectors(compressor)
     return DenseWarmup(compressor, warmup) if warmup else compressor
 
 

@@ -73,12 +73,12 @@ class DenseVectors(Compressor):
     synchronized BatchNorm has a gradient that sums to exactly zero over ranks while no rank's own is zero,
     so under error feedback its residual grows without bound (docs/results.md)."""
 
-    def __init__(self, inner: Compressor, shapes):
+    def __init__(self, inner: Compressor):
         self.inner = inner
         self.name, self.comm, self.numel, self.density = inner.name, inner.comm, inner.numel, inner.density
         self.device = inner.device
         offsets, positions = 0, []
-        for shape in shapes:
+        for shape in inner.shapes:  # the parameters' shapes in flat-buffer order
             size = shape.numel()
             if len(shape) == 1:
                 positions.append(torch.arange(offsets, offsets + size))

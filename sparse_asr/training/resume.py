@@ -60,13 +60,12 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str, w
         raise CheckpointError(f"checkpoint {directory} is not the newest of {run_dir}: continuing from it would mix "
                               f"two histories in metrics.jsonl and TensorBoard; move or delete the newer "
                               f"{', '.join(d.name for d in newer)} first")
-    saved = manifest["config"]
+    saved, source = manifest["config"], str(directory / "manifest.json")
     if requested is None:
-        requested = build_config(saved, overrides, source=f"{directory / 'manifest.json'}")
+        requested = build_config(saved, overrides, source=source)
     check_location(requested, overrides, run_dir)
     # A key the saved config lacks was added to the code after the checkpoint was written: it counts as its
     # default, which keeps what the run computed (a new key's default must be the old behaviour).
-    source = str(directory / "manifest.json")
     old = flatten(to_dict(build_config(saved, source=source)))
     new = flatten(to_dict(resolve_world_size(requested, world_size)))
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in LOCATION_KEYS)
