@@ -57,13 +57,15 @@ def build_trainer(cfg, comm, resume: str = "", overwrite: bool = False):
     from sparse_asr.training.logging import RunLogger
     from sparse_asr.training.resume import LOCATION_KEYS, drop_metrics_after
     from sparse_asr.training.rundir import clear_previous_run
-    from sparse_asr.training.runtime import (check_manifest_audio, local_rank_and_size, pick_device, seed_everything,
-                                             set_threads)
+    from sparse_asr.training.runtime import (check_manifest_audio, local_rank_and_size, pick_device,
+                                             precision_problem, seed_everything, set_threads)
     from sparse_asr.training.trainer import Trainer
 
     comm.cuda_aware = cfg.distributed.cuda_aware_mpi
     local_rank, local_size = local_rank_and_size(comm)
     device = pick_device(cfg.distributed.device, local_rank)
+    if problem := precision_problem(cfg.train.precision, device):
+        raise ConfigError(problem)
     threads = set_threads(cfg.train.threads, local_size)
     seed_everything(cfg.seed)
     state = load_training_state(comm, resume) if resume else None  # every file verified, on every rank

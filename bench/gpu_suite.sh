@@ -23,7 +23,8 @@
 # --trainings-only: env, train and summary only, the trainings getting all of SUITE_SECONDS (enough for all
 # four to finish the same EPOCHS, so that test WERs compare at the same epochs).
 # --dry-run: every step with tiny sizes on the CPU (lstman4_tiny, 2 steps, 16 utterances, 1 epoch) to
-# check the commands here rather than on the GPU.
+# check the commands here rather than on the GPU. On a CPU without bfloat16 kernels (no AVX-512) the bf16
+# step and training are recorded as skipped, not run (train.py and step_time.py would refuse them).
 # Runs in a checkout (its .venv) or in an offline bundle after `source bootstrap.sh` (python3 and
 # mpiexec from PATH); PYTHON and MPIEXEC override. Reads manifests/an4_{train,dev,test}.csv.
 set -uo pipefail  # no -e: a failing step must not end the suite
@@ -86,9 +87,11 @@ limit() {  # limit STEP -> its time limit in seconds
 
 printf 'step\tstatus\tseconds\tlimit_s\n' > "$OUT/steps.tsv"
 FAILED=0
-record() {  # record STEP RC SECONDS
+record() {  # record STEP RC SECONDS [SKIPPED_BECAUSE]
     local status=ok
-    if (($2 == 124 || $2 == 137)); then
+    if [[ -n "${4:-}" ]]; then
+        status="skipped ($4)"
+    elif (($2 == 124 || $2 == 137)); then
         status="timed out"
     elif (($2 != 0)); then
         status="failed (exit $2)"
@@ -113,12 +116,24 @@ step_time() {  # step_time STEP P ALGORITHMS... [-- MORE step_time.py ARGUMENTS]
         --density 0.02 --json "$OUT/step_time_${step#step_}.json" --algorithms "$@"
 }
 
+# Where bf16 cannot run (a dry run on a CPU without oneDNN's bfloat16 kernels), its step and training are skipped.
+NO_BF16=""
+if ((DRY_RUN)); then
+    NO_BF16=$("$PYTHON" -c "import torch; from sparse_asr.training.runtime import precision_problem as p
+print('' if p('bf16', torch.device('cpu')) is None else 'this CPU has no bfloat16 kernels')" 2>/dev/null) \
+        || NO_BF16="the bf16 check failed"
+fi
+
 echo "[gpu_suite] results in $OUT ($( ((DRY_RUN)) && echo "dry run on the CPU" || echo "GPU run" ))"
 run_step env "$OUT/env.txt" "$PYTHON" bench/gpu_report.py env "$OUT" $( ((DRY_RUN)) || echo --require-cuda)
 if ! ((TRAININGS_ONLY)); then
     run_step selection "$OUT/selection.md" "$PYTHON" bench/selection.py "${SELECTION[@]}"
     step_time step_P1 1 dense topka oktopk "${STEP_TIME[@]}"
-    step_time step_P1_bf16 1 dense oktopk "${STEP_TIME[@]}" train.precision=bf16
+    if [[ -n "$NO_BF16" ]]; then
+        record step_P1_bf16 0 0 "$NO_BF16"
+    else
+        step_time step_P1_bf16 1 dense oktopk "${STEP_TIME[@]}" train.precision=bf16
+    fi
     step_time step_P2 2 dense topka oktopk "${STEP_TIME[@]}"
 fi
 
@@ -142,7 +157,11 @@ train_run() {  # train_run NAME RANKS OVERRIDES...: in the background, its outpu
     train_pids[$name]=$!
 }
 train_run dense-p1 1
-train_run dense-p1-bf16 1 train.precision=bf16
+if [[ -n "$NO_BF16" ]]; then
+    echo "[gpu_suite] train: dense-p1-bf16 skipped ($NO_BF16)"
+else
+    train_run dense-p1-bf16 1 train.precision=bf16
+fi
 train_run oktopk-p2 2 compression.algorithm=oktopk
 train_run oktopk-p4 4 compression.algorithm=oktopk
 train_rc=0

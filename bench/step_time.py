@@ -47,10 +47,11 @@ from sparse_asr.compression import COMPRESSORS
 from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
 from sparse_asr.data.manifest import read_manifest
 from sparse_asr.models import build_model
-from sparse_asr.training.config import load_config, resolve_for_run
+from sparse_asr.training.config import ConfigError, load_config, resolve_for_run
 from sparse_asr.training import replicas
 from sparse_asr.training.logging import RunLogger, reduce_over_ranks
-from sparse_asr.training.runtime import local_rank_and_size, pick_device, run_or_abort, seed_everything, set_threads
+from sparse_asr.training.runtime import (local_rank_and_size, pick_device, precision_problem, run_or_abort,
+                                         seed_everything, set_threads)
 from sparse_asr.training.trainer import Trainer
 
 TIMES = ["t_compute", "t_select", "t_comm", "t_other", "t_step"]
@@ -164,6 +165,8 @@ def run(args, comm) -> list[dict]:
     first = configs[args.algorithms[0]]
     local_rank, local_size = local_rank_and_size(comm)
     device = pick_device(first.distributed.device, local_rank)
+    if problem := precision_problem(first.train.precision, device):
+        raise ConfigError(problem)
     threads = set_threads(first.train.threads, local_size)
     dataset = SpeechDataset(read_manifest(first.data.train_manifest))
     chosen, batch = fixed_batch(dataset, args.global_batch, comm.rank, comm.size)

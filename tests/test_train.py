@@ -15,6 +15,7 @@ from sparse_asr.data.manifest import read_manifest, write_manifest
 from sparse_asr.models import build_model
 from tests.mpi.train_common import epoch_losses, read_metrics, run_training, step_losses, tiny_overrides
 from sparse_asr.training.optim import attach_flat_grad
+from sparse_asr.training.runtime import precision_problem
 from sparse_asr.training.trainer import Trainer
 
 TRAIN_TAGS = ["train/loss", "train/lr", "train/grad_norm", "train/samples_per_sec"]
@@ -138,6 +139,8 @@ def test_flat_gradient_buffer_matches_ordinary_backward(tiny_manifest):
         offset += p.numel()
 
 
+@pytest.mark.skipif(precision_problem("bf16", torch.device("cpu")) is not None,
+                    reason="this CPU has no oneDNN bfloat16 kernels (train.py refuses bf16 here)")
 def test_bf16_step_autocasts_the_forward_and_keeps_float32_gradients_and_weights(tiny_manifest, tmp_path):
     """train.precision=bf16: the model's layers compute in bfloat16 (autocast), the loss is close to the
     float32 one from the same weights but not equal, and the gradient buffer, the weights and the

@@ -47,6 +47,34 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return device
 
 
+def cpu_model() -> str:
+    """The CPU's model name as the kernel reports it (benches and error messages name the machine)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def precision_problem(precision: str, device: torch.device) -> str | None:
+    """Why `precision` cannot run on `device`, or None. bf16 on a CPU needs oneDNN's bfloat16 kernels
+    (AVX-512 BW/VL/DQ or newer): without them the LSTM forward fails deep inside oneDNN ("could not create
+    a primitive descriptor"), so the run is refused before it starts instead."""
+    if precision != "bf16":
+        return None
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return f"train.precision=bf16: the GPU {torch.cuda.get_device_name(device)} has no bfloat16 support"
+    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return (f"train.precision=bf16: this CPU ({cpu_model()}) has no oneDNN bfloat16 kernels (they need "
+                f"AVX-512), which the LSTM needs under autocast; use train.precision=fp32 here, or a GPU")
+    return None
+
+
 def set_threads(requested: int, local_size: int) -> int:
     """CPU threads per rank: the configured number; else OMP_NUM_THREADS if the user set it; else the
     cores this process may use divided among the ranks of the node (no oversubscription)."""

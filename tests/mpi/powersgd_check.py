@@ -17,9 +17,8 @@
 Any failure aborts all ranks with a non-zero exit code.
 """
 import io
-import tempfile
+import socket
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -230,10 +229,18 @@ def resume(comm, options: dict) -> None:
     assert torch.equal(whole.inner.error, parts.inner.error) and torch.equal(whole.inner.q_memory, parts.inner.q_memory)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main(comm):
     torch.set_num_threads(1)
-    store = comm.bcast_object(str(Path(tempfile.mkdtemp()) / "store") if comm.rank == 0 else None)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=comm.rank, world_size=comm.size,
+    # A TCP store on rank 0 (not a file store: its fcntl locks once failed the teardown under load with
+    # "Resource deadlock avoided"); every rank is done with gloo before any rank tears it down.
+    port = comm.bcast_object(free_port() if comm.rank == 0 else None)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size,
                             timeout=timedelta(seconds=60))
     try:
         for options, warmup in CASES:
@@ -241,7 +248,9 @@ def main(comm):
             if comm.rank == 0:
                 print(f"ok hook {options} P={comm.size}: largest relative difference {worst:.3g}", flush=True)
     finally:
+        comm.barrier()
         dist.destroy_process_group()
+        comm.barrier()
     for options in [{}, {"torch_compatible": True}, {"matrix_approximation_rank": 4, "warm_start": False},
                     {"use_error_feedback": False}]:
         properties(comm, options)
