@@ -82,11 +82,9 @@ def transcribe(args, comm, model, device) -> list[str]:
 
 
 def run(args, comm):
-    from sparse_asr.training.runtime import local_rank_and_size, pick_device, set_threads
+    from sparse_asr.training.launch import setup_process
 
-    local_rank, local_size = local_rank_and_size(comm)
-    device = pick_device(args.device, local_rank)
-    set_threads(0, local_size)
+    device = setup_process(comm, args.device).device
     model, ckpt = load_model(args.checkpoint, device)
     if comm.rank == 0:
         p = ckpt["progress"]

@@ -4,8 +4,10 @@
 # received per rank per step, time per step, and with dense among the runs the step and bytes at which each
 # run first reaches dense's best dev WER within 5%) and curves against step and cumulative bytes received
 # (scripts/compare_runs.py), all in the output directory. A run that was interrupted resumes from its
-# last checkpoint when the same command is given again.
-#   bash bench/accuracy.sh [-c CONFIG] [-n P] [-e EPOCHS] [--seed S] [-a "dense oktopk ..."] [-o DIR] [key=value ...]
+# last checkpoint when the same command is given again. With --seeds "1 2 3" every algorithm trains at
+# every seed (runs <algorithm>-s<seed>, seed by seed), and with dense among them paired.md compares each
+# algorithm with dense seed by seed: the mean difference with a 95% interval and a verdict.
+#   bash bench/accuracy.sh [-c CONFIG] [-n P] [-e EPOCHS] [--seed S | --seeds "S ..."] [-a "dense oktopk ..."] [-o DIR] [key=value ...]
 set -euo pipefail
 REPO=$(realpath "$(dirname "$0")/..")
 source "$REPO/scripts/lib/args.sh"
@@ -19,13 +21,18 @@ usage: bash bench/accuracy.sh [options] [key=value ...]
   -n, --ranks P            MPI ranks of every run (default 4)
   -e, --epochs N           train.epochs of every run (default: the config's)
       --seed S             seed of every run (default: the config's)
+      --seeds "S ..."      train every algorithm at each of these seeds, runs named <algorithm>-s<seed>
+                           (all algorithms at the first seed, then the next); with several seeds and dense
+                           among the algorithms, also paired.md / paired.csv: each algorithm against dense
+                           at the same seeds (scripts/compare_runs.py --paired-against dense)
   -a, --algorithms "A ..." default: $DEFAULT_ALGORITHMS (any registered algorithm). An entry
                            ALG:KEY=VALUE[:KEY=VALUE] sets compression.options of that run only and names
                            it ALG-KEYVALUE..., e.g. powersgd:matrix_approximation_rank=4 runs as
                            powersgd-matrix_approximation_rank4 beside powersgd (its default rank)
   -o, --out DIR            output directory (default bench/results/accuracy-<config>-p<P>[-e<N>]):
                            runs/<run>/ (each run), logs/<run>.log, accuracy.md (the table),
-                           results.csv, curves_vs_{step,bytes,wall_time}.png, wer_vs_time.md
+                           results.csv, curves_vs_{step,bytes,wall_time}.png, wer_vs_time.md,
+                           paired.{md,csv} (--seeds, see above)
   -j, --jobs N             runs at a time (default 1: one after another, they share the cores)
       --dry-run            print the commands; run nothing
   key=value                overrides for every run, e.g. compression.density=0.02 (not name, out_dir,
@@ -33,7 +40,7 @@ usage: bash bench/accuracy.sh [options] [key=value ...]
 EOF
 }
 
-config=configs/an4_cpu.yaml ranks=4 epochs="" seed="" algorithms=$DEFAULT_ALGORITHMS out="" jobs=1 dry_run=0
+config=configs/an4_cpu.yaml ranks=4 epochs="" seed="" seeds_list="" algorithms=$DEFAULT_ALGORITHMS out="" jobs=1 dry_run=0
 overrides=()
 while (($#)); do
     case "$1" in
@@ -41,6 +48,7 @@ while (($#)); do
         -n | --ranks) require_value "$@"; ranks=$2; shift 2 ;;
         -e | --epochs) require_value "$@"; epochs=$2; shift 2 ;;
         --seed) require_value "$@"; seed=$2; shift 2 ;;
+        --seeds) require_value "$@"; seeds_list=$2; shift 2 ;;
         -a | --algorithms) require_value "$@"; algorithms=$2; shift 2 ;;
         -o | --out) require_value "$@"; out=$2; shift 2 ;;
         -j | --jobs) require_value "$@"; jobs=$2; shift 2 ;;
@@ -64,6 +72,20 @@ require_positive_int "--ranks" "$ranks"
 require_positive_int "--jobs" "$jobs"
 [[ -z "$epochs" ]] || require_positive_int "--epochs" "$epochs"
 [[ -z "$seed" || "$seed" =~ ^[0-9]+$ ]] || die "--seed must be an integer >= 0, got '$seed'"
+# seeds: the seed of each round of runs ("" = the config's); with --seeds the run names carry it
+read -r -a seeds <<<"$seeds_list"
+if [[ -n "$seeds_list" ]]; then
+    [[ -z "$seed" ]] || die "give --seed or --seeds, not both"
+    ((${#seeds[@]})) || die "--seeds needs at least one seed"
+    for s in "${seeds[@]}"; do
+        [[ "$s" =~ ^[0-9]+$ ]] || die "--seeds must be integers >= 0, got '$s' in '$seeds_list'"
+    done
+    [[ $(printf '%s\n' "${seeds[@]}" | sort | uniq -d) == "" ]] || die "a seed is listed twice: $seeds_list"
+    suffix_seed=1
+else
+    seeds=("$seed")
+    suffix_seed=0
+fi
 read -r -a entries <<<"$algorithms"
 ((${#entries[@]})) || die "no algorithms given"
 # Each entry -> a run name and the overrides of that run alone (the algorithm and its options).
@@ -86,10 +108,19 @@ cd "$REPO"
 
 common=("distributed.world_size=$ranks")
 [[ -z "$epochs" ]] || common+=("train.epochs=$epochs")
-[[ -z "$seed" ]] || common+=("seed=$seed")
 common+=("${overrides[@]}")
 
-for name in "${run_names[@]}"; do  # before anything slow
+# Every run, seed by seed (a benchmark stopped half-way holds whole rounds to pair): its name, the index of
+# its algorithm entry, and its seed ("" = the config's).
+runs=() run_entries=() run_seeds=()
+for s in "${seeds[@]}"; do
+    for i in "${!run_names[@]}"; do
+        if ((suffix_seed)); then runs+=("${run_names[$i]}-s$s"); else runs+=("${run_names[$i]}"); fi
+        run_entries+=("$i")
+        run_seeds+=("$s")
+    done
+done
+for name in "${runs[@]}"; do  # before anything slow
     run_dir=$out/runs/$name
     [[ -e "$run_dir/checkpoints/last" || ! -e "$run_dir" ]] ||
         die "$run_dir exists but holds no checkpoint to resume from; remove it to train again"
@@ -97,7 +128,8 @@ done
 
 # Every run's config is checked now (unknown algorithm, bad override, batch not divisible by P), not
 # hours into the benchmark; prints the resolved epochs, seed, global batch and model.
-settings=$(.venv/bin/python - "$config" "$ranks" "${run_overrides[@]}" -- "${common[@]}" <<'EOF'
+check_seed=(${seeds[0]:+"seed=${seeds[0]}"})  # the first seed stands for all: a seed cannot make a config invalid
+settings=$(.venv/bin/python - "$config" "$ranks" "${run_overrides[@]}" -- "${common[@]}" "${check_seed[@]}" <<'EOF'
 import sys
 
 from sparse_asr.training.config import ConfigError, load_config
@@ -117,11 +149,12 @@ EOF
 read -r epochs_used seed_used batch model sync_bn <<<"$settings"
 
 commands=() run_dirs=()
-for i in "${!run_names[@]}"; do
-    run_dir=$out/runs/${run_names[$i]}
-    read -r -a own <<<"${run_overrides[$i]}"
+for r in "${!runs[@]}"; do
+    run_dir=$out/runs/${runs[$r]}
+    read -r -a own <<<"${run_overrides[${run_entries[$r]}]}"
+    s=${run_seeds[$r]}
     command=(.venv/bin/mpiexec -n "$ranks" .venv/bin/python train.py --config "$config" "out_dir=$out/runs"
-             "name=${run_names[$i]}" "${own[@]}" "${common[@]}")
+             "name=${runs[$r]}" "${own[@]}" "${common[@]}" ${s:+"seed=$s"})
     [[ ! -e "$run_dir/checkpoints/last" ]] || command+=(--resume "$run_dir")
     commands+=("$(shell_join "${command[@]}")")
     run_dirs+=("$run_dir")
@@ -139,8 +172,8 @@ mkdir -p "$out/logs"
 started=$(date '+%Y-%m-%d %H:%M:%S')
 failed=()
 running=0
-for i in "${!run_names[@]}"; do
-    name=${run_names[$i]}
+for i in "${!runs[@]}"; do
+    name=${runs[$i]}
     echo "accuracy.sh: $name: ${commands[$i]}" >&2
     # Logs are appended to: a resumed run's log keeps its beginning.
     if ((jobs == 1)); then
@@ -160,24 +193,39 @@ while ((running > 0)); do
 done
 ((${#failed[@]} == 0)) || die "failed: ${failed[*]} (logs in $out/logs)"
 
-target=()  # "reaches dense's WER": the step and bytes at which each run first gets within 5% of it
+# "reaches dense's WER": the step and bytes at which each run first gets within 5% of it (with --seeds,
+# of the dense run at its own seed: compare_runs.py takes "dense" as the label of dense-s<seed>)
+target=() paired=()
 [[ " ${run_names[*]} " != *" dense "* ]] || target=(--target-run dense --target-slack 0.05)
-.venv/bin/python scripts/compare_runs.py "${run_dirs[@]}" --out "$out" "${target[@]}" >/dev/null
+((${#target[@]} == 0 || ${#seeds[@]} < 2 || ${#run_names[@]} < 2)) || paired=(--paired-against dense)
+rm -f "$out/paired.md" "$out/paired.csv"  # never leave a previous benchmark's pairing beside this table
+.venv/bin/python scripts/compare_runs.py "${run_dirs[@]}" --out "$out" "${target[@]}" "${paired[@]}" >/dev/null
 .venv/bin/python bench/wer_vs_time.py "${run_dirs[@]}" >"$out/wer_vs_time.md"
 {
-    echo "# Accuracy: $config_name, $model, $ranks rank(s), $epochs_used epochs, seed $seed_used"
+    if ((suffix_seed)); then
+        echo "# Accuracy: $config_name, $model, $ranks rank(s), $epochs_used epochs, seeds ${seeds[*]}"
+    else
+        echo "# Accuracy: $config_name, $model, $ranks rank(s), $epochs_used epochs, seed $seed_used"
+    fi
     echo
     echo "\`bash bench/accuracy.sh $(shell_join -c "$config" -n "$ranks" ${epochs:+-e "$epochs"} ${seed:+--seed "$seed"} \
-        -a "$algorithms" -o "$out" "${overrides[@]}")\`"
+        ${seeds_list:+--seeds "${seeds[*]}"} -a "$algorithms" -o "$out" "${overrides[@]}")\`"
     echo
     echo "Global batch $batch, model.sync_batchnorm $sync_bn. Bytes are received per rank: bytes_recv_per_step by"
     echo "the gradient exchange, syncbn_bytes_per_step by synchronized BatchNorm. Times in ms per optimizer step."
-    ((${#target[@]} == 0)) || echo "step_at_target, bytes_at_target: the first dev evaluation at WER <= target_dev_wer (dense's best x 1.05)."
+    ((${#target[@]} == 0)) || echo "step_at_target, bytes_at_target: the first dev evaluation at WER <= target_dev_wer" \
+        "(dense's best x 1.05${seeds_list:+, dense at the same seed})."
     echo "Trained $started to $(date '+%Y-%m-%d %H:%M:%S') on $(nproc) cores, $jobs run(s) at a time;"
     echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg). Every epoch: wer_vs_time.md."
     echo
     cat "$out/results.md"
     echo
+    if ((${#paired[@]})); then
+        echo "## Paired by seed against dense (paired.csv holds every figure)"
+        echo
+        cat "$out/paired.md"
+        echo
+    fi
     echo "![dev WER and train loss against step](curves_vs_step.png)"
     echo "![against cumulative bytes received per rank](curves_vs_bytes.png)"
 } >"$out/accuracy.md"

@@ -51,7 +51,6 @@ import yaml
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import COMPRESSORS, build_compressor, parse_options
 from sparse_asr.models import model_with_numel
-from sparse_asr.training.logging import reduce_over_ranks
 
 LAYERS = 40
 WORD = 4
@@ -188,7 +187,7 @@ def main():
     records = []
     for name in algorithms:
         mine = measure(comm, name, args.numel, args.density, args.steps, source, shapes, options)
-        figures = reduce_over_ranks(comm, mine)
+        figures = comm.mean_and_max(mine)
         cost = COMPRESSORS[name].cost(args.numel, k, P, shapes, parse_options(name, COMPRESSORS[name].Options, options))
         records.append({
             "algorithm": name, "P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps,

@@ -70,9 +70,9 @@ import yaml
 from sparse_asr.compression import COMPRESSORS, parse_options
 from sparse_asr.models import model_with_numel
 
-ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk", "powersgd"]  # table column order
+ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk", "cltk", "powersgd"]  # table column order
 DENSITY_FREE = {name for name, cls in COMPRESSORS.items() if not cls.uses_density}  # tabled at density 1
-NOT_IN_PAPER = {"powersgd"}  # left out of the trend text's comparison with the paper's algorithms
+NOT_IN_PAPER = {"powersgd", "cltk"}  # left out of the trend text's comparison with the paper's algorithms
 LSTMAN4_NUMEL = 27_569_568  # DESIGN 5
 WORD = 4  # bytes: a float32 value or an int32 index
 DEFAULT_RANKS = [4, 8, 16, 32, 64, 128, 256]

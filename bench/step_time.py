@@ -47,12 +47,9 @@ from sparse_asr.compression import COMPRESSORS
 from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
 from sparse_asr.data.manifest import read_manifest
 from sparse_asr.models import build_model
-from sparse_asr.training.config import ConfigError, load_config, resolve_for_run
-from sparse_asr.training import replicas
-from sparse_asr.training.logging import RunLogger, reduce_over_ranks
-from sparse_asr.training.runtime import (local_rank_and_size, pick_device, precision_problem, run_or_abort,
-                                         seed_everything, set_threads)
-from sparse_asr.training.trainer import Trainer
+from sparse_asr.training.config import load_config
+from sparse_asr.training.launch import bare_trainer, resolve_for_run, setup_process
+from sparse_asr.training.runtime import run_or_abort, seed_everything
 
 TIMES = ["t_compute", "t_select", "t_comm", "t_other", "t_step"]
 FIGURES = TIMES + ["bytes_recv", "bytes_sent"]
@@ -87,12 +84,11 @@ def measure(cfg, comm, dataset, batch, device, steps: int, warmup: int) -> tuple
     steps, the count of Ok-Topk's periodic recomputations among them, and the parameter count."""
     seed_everything(cfg.seed)
     model = build_model(cfg.model.name, sync_bn=comm if cfg.model.sync_batchnorm else None)
-    trainer = Trainer(cfg, comm, model, dataset, None, None, device, RunLogger("", enabled=False))
-    replicas.broadcast_state(comm, trainer.model, trainer.optimizer)
+    trainer = bare_trainer(cfg, comm, model, dataset, device)  # (its constructor broadcasts rank 0's model)
     sums, recomputed = dict.fromkeys(FIGURES, 0.0), {}
     comm.barrier()
     for i in range(warmup + steps):
-        due = scheduled_recomputations(trainer.exchange)
+        due = scheduled_recomputations(trainer.compressor)
         t0 = time.perf_counter()
         record = trainer.train_step(batch)
         sync(device)
@@ -163,11 +159,8 @@ def run(args, comm) -> list[dict]:
     configs = {a: resolve_for_run(load_config(args.config, base + [f"compression.algorithm={a}"]), comm)
                for a in args.algorithms}
     first = configs[args.algorithms[0]]
-    local_rank, local_size = local_rank_and_size(comm)
-    device = pick_device(first.distributed.device, local_rank)
-    if problem := precision_problem(first.train.precision, device):
-        raise ConfigError(problem)
-    threads = set_threads(first.train.threads, local_size)
+    process = setup_process(comm, first.distributed.device, first.train.threads, first.train.precision)
+    device, threads, local_size = process.device, process.threads, process.local_size
     dataset = SpeechDataset(read_manifest(first.data.train_manifest))
     chosen, batch = fixed_batch(dataset, args.global_batch, comm.rank, comm.size)
     batch = batch.to(device)
@@ -186,7 +179,7 @@ def run(args, comm) -> list[dict]:
     rows = []
     for algorithm, cfg in configs.items():
         mine, recomputed, numel = measure(cfg, comm, dataset, batch, device, args.steps, args.warmup)
-        figures = reduce_over_ranks(comm, mine)
+        figures = comm.mean_and_max(mine)
         rows.append({"algorithm": algorithm, "P": comm.size, "model": args.model, "parameters": numel,
                      "density": None if algorithm == "dense" else args.density, "steps": args.steps,
                      "warmup": args.warmup, "threads_per_rank": threads, "device": device_name,

@@ -15,7 +15,15 @@ Writes, under --out:
       / step time. With --target-wer W (or --target-run NAME: W = that run's best dev WER x (1 +
       --target-slack), "reaches dense's WER within 5%" by default) three more columns: target_dev_wer,
       and step_at_target and bytes_at_target, the step of the first dev evaluation at WER <= W and
-      the bytes each rank had received by then (empty: never reached).
+      the bytes each rank had received by then (empty: never reached). Runs named <label>-s<seed> (bench/
+      accuracy.sh --seeds) with --target-run <label>: each run's target is that of the <label> run at its seed.
+  paired.csv, paired.md (with --paired-against LABEL, e.g. dense)
+      every other label against LABEL at the seeds both ran, for test WER, best dev WER and the last
+      epoch's loss (epoch/loss): the difference per seed, absolute and relative to LABEL's value, the
+      means with 95% Student-t intervals (n-1 degrees of freedom; none for one seed), and a verdict from
+      the relative interval ("not resolved" when it holds both -5% and +5%; the rule: sparse_asr/stats.py).
+      A seed that only one side ran, or a value one side never logged, is named in `unpaired`. Runs pair
+      by their config's `seed`; a run's label is its name without the suffix -s<seed>.
 A tag a run never logged leaves its cells empty (and its curve out of the plot), never NaN errors.
 """
 from __future__ import annotations
@@ -37,6 +45,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
 from sparse_asr.compression import COMPRESSORS
+from sparse_asr.stats import MARGIN_PCT, paired_interval, verdict
 
 EVENT_GLOB = "events.out.tfevents.*"
 
@@ -200,6 +209,149 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------------------- paired seeds
+# (column, what paired.md calls it, the tag, the value of a run's curve of that tag): lower is better for all three
+PAIRED_METRICS = [
+    ("test_wer", "test WER", "test/wer", lambda curve: curve.last()),
+    ("best_dev_wer", "best dev WER", "val/wer", lambda curve: float(np.min(curve.values))),
+    ("last_epoch_loss", "last-epoch loss", "epoch/loss", lambda curve: curve.last()),
+]
+
+
+def run_seed(run: Run) -> int | None:
+    seed = run.config_value("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def run_label(run: Run) -> str:
+    """The run's name without '-s<seed>' where <seed> is its config's seed (bench/accuracy.sh --seeds
+    names its runs <algorithm>-s<seed>); otherwise the name itself."""
+    seed = run_seed(run)
+    suffix = f"-s{seed}"
+    if seed is not None and run.name.endswith(suffix) and len(run.name) > len(suffix):
+        return run.name[: -len(suffix)]
+    return run.name
+
+
+def runs_by_label_and_seed(runs: list[Run]) -> dict[str, dict[int, Run]]:
+    """label -> seed -> run, in the order the runs were given; a run without a seed, or two runs of one
+    label at one seed, is an error naming them (pairing must never guess)."""
+    groups: dict[str, dict[int, Run]] = {}
+    for run in runs:
+        seed = run_seed(run)
+        if seed is None:
+            raise SystemExit(f"compare_runs: runs are paired by their config's seed, and {run.path / 'config.yaml'} "
+                             f"has none (seed: {run.config_value('seed')!r})")
+        label = run_label(run)
+        other = groups.setdefault(label, {}).get(seed)
+        if other is not None:
+            raise SystemExit(f"compare_runs: {other.path} and {run.path} are both {label!r} at seed {seed}: "
+                             f"cannot pair them (give one of them)")
+        groups[label][seed] = run
+    return groups
+
+
+def paired_comparison(runs: list[Run], baseline: str) -> tuple[list[dict], list[int]]:
+    """Every label but `baseline`, metric by metric, against `baseline` at the same seeds: the difference
+    d_s = run - baseline and the relative one r_s = 100 d_s / baseline for each seed s both have, the mean
+    of each with its 95% Student-t interval (sparse_asr.stats.paired_interval: n-1 degrees of freedom,
+    none for one seed), and the verdict of the relative interval (sparse_asr.stats.verdict). A seed
+    that only one side has, or where one side logged no value, is named in `unpaired`, never dropped
+    silently. Returns (rows, every seed seen)."""
+    groups = runs_by_label_and_seed(runs)
+    if baseline not in groups:
+        raise SystemExit(f"compare_runs: --paired-against {baseline!r} is not among the run labels {sorted(groups)} "
+                         f"(a label is a run's name without -s<seed>)")
+    all_seeds = sorted({seed for group in groups.values() for seed in group})
+    base = groups[baseline]
+    rows = []
+    for label, group in groups.items():
+        if label == baseline:
+            continue
+        for column, _, tag, read in PAIRED_METRICS:
+            row = {"run": label, "baseline": baseline, "metric": column}
+            diffs, rels, unpaired, zero_baseline = [], [], [], False
+            for seed in sorted(set(group) | set(base)):
+                if seed not in group or seed not in base:
+                    unpaired.append(f"s{seed}: no {label if seed not in group else baseline} run")
+                    continue
+                missing = [r.name for r in (group[seed], base[seed]) if tag not in r.curves]
+                if missing:
+                    unpaired.append(f"s{seed}: {', '.join(missing)} logged no {tag}")
+                    continue
+                value, reference = read(group[seed].curves[tag]), read(base[seed].curves[tag])
+                if not (math.isfinite(value) and math.isfinite(reference)):
+                    unpaired.append(f"s{seed}: a non-finite {tag} ({value} vs {reference})")
+                    continue
+                diff = value - reference
+                rel = 100.0 * diff / reference if reference else None
+                zero_baseline |= rel is None
+                row.update({f"value_s{seed}": value, f"baseline_s{seed}": reference, f"diff_s{seed}": diff,
+                            f"rel_pct_s{seed}": rel})
+                diffs.append(diff)
+                rels.append(rel)
+            row["n"] = len(diffs)
+            row["unpaired"] = "; ".join(unpaired)
+            absolute = paired_interval(diffs) if diffs else None
+            # a baseline of 0 has no relative difference: no relative interval, no verdict
+            relative = paired_interval(rels) if rels and not zero_baseline else None
+            row.update(mean_diff=absolute and absolute.mean, diff_low=absolute and absolute.low,
+                       diff_high=absolute and absolute.high, mean_rel_pct=relative and relative.mean,
+                       rel_low_pct=relative and relative.low, rel_high_pct=relative and relative.high)
+            row["verdict"] = (verdict(relative) if relative else
+                              "n/a (no pair)" if not diffs else "n/a (baseline 0)")
+            rows.append(row)
+    return rows, all_seeds
+
+
+PAIRED_COLUMNS = ["run", "baseline", "metric", "n", "mean_diff", "diff_low", "diff_high", "mean_rel_pct", "rel_low_pct",
+                  "rel_high_pct", "verdict", "unpaired"]
+
+
+def paired_frame(rows: list[dict], seeds: list[int]) -> pd.DataFrame:
+    """paired.csv: the fixed columns, then value, baseline, diff and rel_pct of each seed."""
+    per_seed = [f"{what}_s{seed}" for seed in seeds for what in ("value", "baseline", "diff", "rel_pct")]
+    return pd.DataFrame(rows, columns=PAIRED_COLUMNS + per_seed)
+
+
+def paired_markdown(rows: list[dict], seeds: list[int], baseline: str) -> str:
+    def signed(x) -> str:
+        return "n/a" if x is None else f"{x:+.4g}"
+
+    def pct(x) -> str:
+        return "n/a" if x is None else f"{x:+.1f}%"
+
+    def interval(mean, low, high, fmt) -> str:
+        return "" if mean is None else fmt(mean) + ("" if low is None else f" [{fmt(low)}, {fmt(high)}]")
+
+    titles = {column: title for column, title, _, _ in PAIRED_METRICS}
+    m = f"{MARGIN_PCT:g}%"
+    lines = [
+        f"Paired by seed against {baseline}: for each seed both ran, difference = run - {baseline} and relative = "
+        f"100 x difference / {baseline}'s value (lower is better for all three metrics); the mean of the n paired "
+        f"differences with its 95% Student-t interval (n-1 degrees of freedom; n/a for one seed). Verdict, from "
+        f"the interval of the relative difference: worse / better = it excludes 0 (\"by > {m}\": it also excludes "
+        f"the {m} on that side; \"by < {m}\": it stays within {m}); not resolved = it holds both -{m} and +{m}; "
+        f"within ±{m} = it holds 0 and lies inside ±{m}; not worse by {m} / not better by {m} = it holds 0 "
+        f"and only one of ±{m}. Ends count as inside.",
+        "",
+        f"| run | metric | n | per seed: difference (relative) | mean run / {baseline} | mean difference [95% CI] "
+        "| mean relative [95% CI] | verdict | unpaired |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        paired = [s for s in seeds if row.get(f"diff_s{s}") is not None]
+        per_seed = "; ".join(f"s{s} {signed(row[f'diff_s{s}'])} ({pct(row[f'rel_pct_s{s}'])})" for s in paired)
+        means = "" if not paired else " / ".join(
+            f"{np.mean([row[f'{what}_s{s}'] for s in paired]):.4g}" for what in ("value", "baseline"))
+        lines.append(" | ".join([
+            f"| {row['run']}", titles[row["metric"]], str(row["n"]), per_seed, means,
+            interval(row["mean_diff"], row["diff_low"], row["diff_high"], signed),
+            interval(row["mean_rel_pct"], row["rel_low_pct"], row["rel_high_pct"], pct),
+            row["verdict"], row["unpaired"]]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------------------- plots
 def nearest_values(curve: Curve, steps: np.ndarray) -> np.ndarray:
     """curve's value at the logged step nearest to each of `steps` (ties go to the earlier step)."""
@@ -283,14 +435,40 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
     return written
 
 
+def run_targets(runs: list[Run], target_run: str, slack: float) -> list[float | None]:
+    """Each run's target dev WER for --target-run: the best dev WER x (1 + slack) of the run of that name,
+    or, when no run has that name but runs are labelled so (<label>-s<seed>), of the one at the run's own
+    seed (None for a run whose seed it lacks)."""
+    by_name = {run.name: run for run in runs}
+    if target_run in by_name:
+        references = {run.name: by_name[target_run] for run in runs}
+    else:
+        per_seed = {run_seed(run): run for run in runs if run_label(run) == target_run}
+        if not per_seed:
+            raise SystemExit(f"compare_runs: --target-run {target_run!r} is not among the runs {sorted(by_name)} "
+                             f"nor their labels (names without -s<seed>)")
+        references = {run.name: per_seed.get(run_seed(run)) for run in runs}
+    targets = []
+    for run in runs:
+        reference = references[run.name]
+        if reference is not None and "val/wer" not in reference.curves:
+            raise SystemExit(f"compare_runs: --target-run {reference.name!r} logged no dev WER (val/wer)")
+        targets.append(None if reference is None else
+                       float(np.min(reference.curves["val/wer"].values)) * (1 + slack))
+    return targets
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", nargs="+", help="run directories (runs/<name>) holding event files and config.yaml")
     parser.add_argument("--out", required=True, help="directory for the plots and results.{csv,md}")
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--target-wer", type=float, help="dev WER whose first reaching step and bytes are tabled")
-    target.add_argument("--target-run", help="the target is this run's best dev WER x (1 + --target-slack)")
+    target.add_argument("--target-run", help="the target is this run's best dev WER x (1 + --target-slack); a label "
+                                             "(runs <label>-s<seed>): the one of each run's seed")
     parser.add_argument("--target-slack", type=float, default=0.05, help="relative slack of --target-run")
+    parser.add_argument("--paired-against", metavar="LABEL",
+                        help="also write paired.{csv,md}: every other label against LABEL, seed by seed")
     args = parser.parse_args(argv)
 
     names = [Path(d).name for d in args.run_dirs]
@@ -298,26 +476,33 @@ def main(argv=None) -> int:
     if duplicates:
         raise SystemExit(f"compare_runs: runs with the same directory name would share a legend entry: {duplicates}")
     runs = [load_run(d) for d in args.run_dirs]
-    target_wer = args.target_wer
+    targets = [args.target_wer] * len(runs)
     if args.target_run is not None:
-        by_name = {run.name: run for run in runs}
-        if args.target_run not in by_name:
-            raise SystemExit(f"compare_runs: --target-run {args.target_run!r} is not among the runs {sorted(by_name)}")
-        if "val/wer" not in by_name[args.target_run].curves:
-            raise SystemExit(f"compare_runs: --target-run {args.target_run!r} logged no dev WER (val/wer)")
-        target_wer = float(np.min(by_name[args.target_run].curves["val/wer"].values)) * (1 + args.target_slack)
+        targets = run_targets(runs, args.target_run, args.target_slack)
+    paired = paired_comparison(runs, args.paired_against) if args.paired_against is not None else None
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    table = pd.DataFrame([summarize(run, target_wer) for run in runs])
+    table = pd.DataFrame([summarize(run, target_wer) for run, target_wer in zip(runs, targets)])
     table.to_csv(out_dir / "results.csv", index=False)
     markdown = markdown_table(table)
     (out_dir / "results.md").write_text(markdown)
+    written = [out_dir / "results.csv", out_dir / "results.md"]
+    if paired is not None:
+        rows, seeds = paired
+        paired_frame(rows, seeds).to_csv(out_dir / "paired.csv", index=False)
+        paired_md = paired_markdown(rows, seeds, args.paired_against)
+        (out_dir / "paired.md").write_text(paired_md)
+        written += [out_dir / "paired.csv", out_dir / "paired.md"]
+        markdown += "\n" + paired_md
+        for row in rows:
+            if row["unpaired"]:
+                print(f"compare_runs: warning: {row['run']} {row['metric']}: unpaired: {row['unpaired']}",
+                      file=sys.stderr)
     plots = plot(runs, out_dir)
     print(markdown)
-    print("wrote", ", ".join(str(p) for p in [out_dir / "results.csv", out_dir / "results.md", *plots]))
+    print("wrote", ", ".join(str(p) for p in [*written, *plots]))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build a bundle that an OFFLINE GPU node runs from: one folder and a .tar.gz of it, each under 60 MiB.
+# Build a bundle that an OFFLINE GPU node runs from: one folder and a .tar.gz of it, each under 61 MiB.
 #
 #   bash scripts/pack_offline.sh [--python 3.12] [--out dist] [--source ../shared/data/an4_sphere.tar.gz]
 #                                [--max-utterances N] [--wheel-cache .cache/offline-wheels]
@@ -7,7 +7,8 @@
 # The folder <out>/sparse_asr-offline-py<X.Y>/ holds
 #   - the repository's tracked files as they are in this working tree, less docs/ (results), tests/
 #     (they need pytest and the SPHERE archive) and DESIGN.md (for developers): data and wheels leave
-#     about 50 KB under the 60 MiB limit for the code (tests/test_offline_bundle.py checks it),
+#     about 1 MiB of the 61 MiB limit for the code; 61 MiB because a lent GPU machine receives the checkout
+#     (~2.6 MiB) and the carried bundle folder, 64 MiB at most together (tests/test_offline_bundle.py checks both),
 #   - AN4 as FLAC in datasets/an4/ with manifests/an4_{train,dev,test}.csv pointing at it by relative
 #     path (valid wherever the bundle is unpacked; --max-utterances N keeps the N shortest per split),
 #   - wheels/: what an image with torch, torchaudio, numpy, pandas, tensorboard, PyYAML and matplotlib
@@ -26,7 +27,7 @@ OUT=dist
 SOURCE=../shared/data/an4_sphere.tar.gz
 MAX_UTTERANCES=0
 WHEEL_CACHE=.cache/offline-wheels
-MAX_MIB=60
+MAX_MIB=61
 while (($#)); do
     case "$1" in
         --python) require_value "$@"; PYTHON_VERSION=$2; shift 2 ;;

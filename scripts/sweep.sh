@@ -8,7 +8,7 @@ set -euo pipefail
 REPO=$(realpath "$(dirname "$0")/..")
 source "$REPO/scripts/lib/args.sh"
 
-ALL_ALGORITHMS="dense topka topkdsa gtopk gaussiank oktopk powersgd" # the names in compression/__init__.py
+ALL_ALGORITHMS="dense topka topkdsa gtopk gaussiank oktopk cltk powersgd" # the names in compression/__init__.py
 DENSITY_FREE="dense powersgd" # uses_density = False in their classes: one run per P, whatever the density
 
 usage() {

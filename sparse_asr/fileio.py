@@ -11,11 +11,13 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Call `write(f)` on a temporary file beside `path`, fsync it, then rename it over `path`: readers
     see the old file or the complete new one, never half a file. On any failure (a full disk, a kill
     signal turned into an exception) the temporary file is removed, the old file is kept, and the error
-    names the path."""
+    names the path. The file gets the permissions any new file gets (0666 less the umask), so a shared
+    project allocation's group can read runs, checkpoints and manifests."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide the file from the group
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -26,6 +28,13 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -1,4 +1,10 @@
-"""Shared fixtures: AN4 prepared from the project's copy of the archive (required by the suite), one torch thread."""
+"""Shared fixtures: AN4 prepared from the project's copy of the archive (required by the suite), one torch thread;
+and the test tiers. Every test gets exactly one tier marker (pytest -m TIER):
+  unit     in-process, no AN4 audio, no MPI launch: the edit-test loop (bash scripts/test.sh --quick)
+  data     reads the real AN4 corpus (uses one of DATA_FIXTURES), in process
+  mpi      launches ranks with mpiexec (marked where the test is written)
+  tooling  drives the project's shell scripts and bundles as a user would (module-level pytestmark)
+mpi and tooling are marked by hand; data and unit follow from the fixtures a test uses, so they cannot drift."""
 from pathlib import Path
 
 import pytest
@@ -11,6 +17,17 @@ REPO = Path(__file__).resolve().parent.parent
 AN4_ARCHIVE = REPO.parent / "shared" / "data" / "an4_sphere.tar.gz"
 DATA_DIR = REPO / "datasets"  # gitignored; the extraction is reused across runs
 TEST_MANIFESTS = DATA_DIR / "test_manifests"  # never the user's manifests/
+
+
+DATA_FIXTURES = {"an4_prepared", "an4_manifests", "tiny_manifest"}
+TIERS = ("unit", "data", "mpi", "tooling")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        marked = [tier for tier in ("mpi", "tooling") if item.get_closest_marker(tier)]
+        if not marked:
+            item.add_marker("data" if DATA_FIXTURES & set(item.fixturenames) else "unit")
 
 
 @pytest.fixture(scope="session")

@@ -165,13 +165,13 @@ def gaussiank_reference(accs: list[np.ndarray], density: float, **options):
 
 
 # ---------------------------------------------------------------- Ok-Topk (every interval = 1: exact thresholds)
-def oktopk_reference(accs: list[np.ndarray], k: int):
-    """Local exact top-k, sum, exact global top-k of the sum; applied = S_r ∩ G."""
+def oktopk_reference(accs: list[np.ndarray], k: int, local_k: int | None = None):
+    """Local exact top-(local_k, default k), sum, exact global top-k of the sum; applied = S_r ∩ G."""
     acc = np.stack(accs)
     mag = np.abs(acc.astype(np.float32))
     selected = np.zeros(acc.shape, dtype=bool)
     for r in range(acc.shape[0]):
-        selected[r, np.argsort(-mag[r], kind="stable")[:k]] = True
+        selected[r, np.argsort(-mag[r], kind="stable")[:local_k or k]] = True
     reduced = np.where(selected, acc.astype(np.float64), 0.0).sum(axis=0)
     support = np.flatnonzero(selected.any(axis=0))
     chosen = np.sort(support[np.argsort(-np.abs(reduced[support]), kind="stable")[:k]])
@@ -179,6 +179,22 @@ def oktopk_reference(accs: list[np.ndarray], k: int):
     total[chosen] = reduced[chosen]
     applied = [np.intersect1d(np.flatnonzero(selected[r]), chosen) for r in range(acc.shape[0])]
     return total, chosen, applied
+
+
+# ---------------------------------------------------------------- CLT-k
+def cltk_reference(accs: list[np.ndarray], k: int, step: int):
+    """The leader (step mod P) picks its exact top-k; every rank's acc is summed there; all ranks apply it all."""
+    indices = topk_np(accs[step % len(accs)], k)
+    total = np.zeros(accs[0].size)
+    total[indices] = np.sum([a[indices].astype(np.float64) for a in accs], axis=0)
+    return total, indices, [indices] * len(accs)
+
+
+def cltk_bytes(k: int, P: int, step: int) -> list[tuple[int, int]]:
+    """Per rank: the leader sends its k int32 indices to the P-1 others (the broadcast), then a ring allreduce of k."""
+    ring = ring_allreduce_bytes(k, P)
+    return [(ring + (4 * k * (P - 1) if r == step % P else 0), ring + (0 if r == step % P else 4 * k))
+            for r in range(P)]
 
 
 # ---------------------------------------------------------------- the registry of references
@@ -194,50 +210,56 @@ class Expected:
     extra: dict = field(default_factory=dict)
 
 
-def dense_expected(accs, k, density, options):
+def dense_expected(accs, k, density, options, step):
     n, P = accs[0].size, len(accs)
     volume = ring_allreduce_bytes(n, P)
     return Expected(np.sum([a.astype(np.float64) for a in accs], axis=0), np.arange(n), None, [(volume, volume)] * P)
 
 
-def topka_expected(accs, k, density, options):
+def topka_expected(accs, k, density, options, step):
     total, indices, applied = topka_reference(accs, k)
     return Expected(total, indices, applied, [topka_bytes(accs[0].size, k, len(accs))] * len(accs))
 
 
-def topkdsa_expected(accs, k, density, options):
+def topkdsa_expected(accs, k, density, options, step):
     total, indices, applied = topka_reference(accs, k)
     volumes, dense = topkdsa_volume(applied, accs[0].size, options.get("dense_switch", 1 / 3))
     return Expected(total, indices, applied, volumes, {"dense_regions": dense})
 
 
-def gtopk_expected(accs, k, density, options):
+def gtopk_expected(accs, k, density, options, step):
     total, indices, applied = gtopk_reference(accs, k)
     return Expected(total, indices, applied, gtopk_bytes(accs[0].size, k, len(accs)))
 
 
-def gaussiank_expected(accs, k, density, options):
+def gaussiank_expected(accs, k, density, options, step):
     total, indices, applied = gaussiank_reference(accs, density, **options)
     P, counts, meta = len(accs), [a.size for a in applied], meta_bytes(len(accs))
     volumes = [(c * PAIR_BYTES * (P - 1) + meta, (sum(counts) - c) * PAIR_BYTES + meta) for c in counts]
     return Expected(total, indices, applied, volumes)
 
 
-def oktopk_expected(accs, k, density, options):
-    total, indices, applied = oktopk_reference(accs, k)
+def oktopk_expected(accs, k, density, options, step):
+    local_k = min(accs[0].size, max(1, round(options.get("local_factor", 1.0) * k)))
+    total, indices, applied = oktopk_reference(accs, k, local_k)
     return Expected(total, indices, applied, None)  # data-dependent volume: tests/mpi/oktopk_check.py bounds it
 
 
-def powersgd_expected(accs, k, density, options):
+def cltk_expected(accs, k, density, options, step):
+    total, indices, applied = cltk_reference(accs, k, step)
+    return Expected(total, indices, applied, cltk_bytes(indices.size, len(accs), step), {"leader": float(step % len(accs))})
+
+
+def powersgd_expected(accs, k, density, options, step):
     """This harness hands over one vector, which PowerSGD (as PyTorch's hook) sends uncompressed: the ranks'
     mean by one ring allreduce, leaving no error (by default; torch_compatible keeps acc - mean as the hook
     does). Matrices, and torch_compatible: tests/mpi/powersgd_check.py, against PyTorch's hook."""
-    return dense_expected(accs, k, density, options)
+    return dense_expected(accs, k, density, options, step)
 
 
 @dataclass(frozen=True)
 class Reference:
-    expected: Callable  # (accs, k, density, options) -> Expected
+    expected: Callable  # (accs, k, density, options, step) -> Expected
     cases: list  # (density, options) to check
     extra_check: Callable | None = None  # (density, P, summed extras over the run) -> None: branches exercised
 
@@ -257,6 +279,7 @@ REFERENCES = {
     "topkdsa": Reference(topkdsa_expected, [(0.02, {}), (0.25, {"dense_switch": 0.3})], _topkdsa_went_dense),
     "gtopk": Reference(gtopk_expected, [(0.02, {}), (0.3, {}), (1.0, {})]),  # 0.3: many drops at merges; 1.0: k = n
     "gaussiank": Reference(gaussiank_expected, [(0.02, {})], _gaussiank_adjusted),
-    "oktopk": Reference(oktopk_expected, [(0.02, EXACT_OKTOPK)]),
+    "oktopk": Reference(oktopk_expected, [(0.02, EXACT_OKTOPK), (0.02, {**EXACT_OKTOPK, "local_factor": 2.5})]),
+    "cltk": Reference(cltk_expected, [(0.02, {}), (1.0, {})]),
     "powersgd": Reference(powersgd_expected, [(0.02, {})]),
 }

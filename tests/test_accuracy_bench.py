@@ -4,6 +4,8 @@ import math
 import subprocess
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from sparse_asr.models import build_model
@@ -73,6 +75,70 @@ def test_tiny_benchmark_writes_one_table_of_real_figures(an4_manifests, tmp_path
         assert log.count(f"done: {out / 'runs' / algorithm}") == 2 and log.count("step 1: gradient exchange") == 1
 
 
+@pytest.mark.mpi
+def test_tiny_benchmark_over_seeds_pairs_every_algorithm_with_dense(an4_manifests, tmp_path):
+    """--seeds: every algorithm at every seed, runs <algorithm>-s<seed>; paired.md compares topka with dense
+    seed by seed from the same runs that results.csv tables; each run's target is dense's at its seed."""
+    out = tmp_path / "acc"
+    proc = accuracy_sh(*tiny_args(an4_manifests, out), "--seeds", "2 1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = ["dense-s2", "topka-s2", "dense-s1", "topka-s1"]
+    for name, seed in zip(runs, (2, 2, 1, 1)):
+        assert f"seed: {seed}\n" in (out / "runs" / name / "config.yaml").read_text(), name
+        assert f"done: {out / 'runs' / name}" in (out / "logs" / f"{name}.log").read_text()
+    markdown = (out / "accuracy.md").read_text()
+    assert "smoke, lstman4_tiny, 2 rank(s), 1 epochs, seeds 2 1" in markdown and "--seeds '2 1'" in markdown
+    results = pd.read_csv(out / "results.csv").set_index("run")
+    assert list(results.index) == runs  # seed by seed: an interrupted benchmark holds whole rounds
+    for seed in (1, 2):
+        dense_best = results.loc[f"dense-s{seed}", "best_dev_wer"]
+        assert results.loc[f"topka-s{seed}", "target_dev_wer"] == pytest.approx(dense_best * 1.05)
+    paired = pd.read_csv(out / "paired.csv").replace({np.nan: None})
+    assert list(zip(paired["run"], paired["metric"])) == [
+        ("topka", metric) for metric in ("test_wer", "best_dev_wer", "last_epoch_loss")]
+    test = paired.set_index("metric").loc["test_wer"]
+    assert (test["n"], test["unpaired"]) == (2, None)
+    diffs = [results.loc[f"topka-s{s}", "test_wer"] - results.loc[f"dense-s{s}", "test_wer"] for s in (1, 2)]
+    assert [test["diff_s1"], test["diff_s2"]] == pytest.approx(diffs)
+    assert test["mean_diff"] == pytest.approx(sum(diffs) / 2)
+    assert "## Paired by seed against dense" in markdown and (out / "paired.md").read_text() in markdown
+    # the same command again resumes all four runs
+    proc = accuracy_sh(*tiny_args(an4_manifests, out), "--seeds", "2 1", "--dry-run")
+    assert proc.returncode == 0 and proc.stdout.count("--resume") == 4, proc.stdout + proc.stderr
+
+
+def test_seeds_run_every_algorithm_at_every_seed(tmp_path):
+    out = tmp_path / "acc"
+    (out / "runs" / "dense-s1" / "checkpoints" / "last").mkdir(parents=True)  # dense at seed 1 was started
+    proc = accuracy_sh("-a", "dense powersgd:matrix_approximation_rank=4", "--seeds", "3 1", "-o", out, "--dry-run",
+                       "compression.density=0.02")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    expected = [("dense-s3", "3"), ("powersgd-matrix_approximation_rank4-s3", "3"), ("dense-s1", "1"),
+                ("powersgd-matrix_approximation_rank4-s1", "1")]
+    assert len(lines) == len(expected), proc.stdout
+    for line, (name, seed) in zip(lines, expected):
+        assert f" name={name} " in line and line.count(" seed=") == 1, line
+        assert " compression.density=0.02 " in line
+        assert line.split(" --resume ")[0].endswith(f" seed={seed}"), line
+        assert line.endswith(f"--resume {out / 'runs' / name}") == (name == "dense-s1"), line
+    assert "compression.options.matrix_approximation_rank=4" in lines[1]
+    # --seed S keeps the plain names; no seed at all leaves the config's
+    proc = accuracy_sh("-a", "dense topka", "--seed", "7", "-o", out, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert [(" name=dense " in l, " name=topka " in l, l.endswith(" seed=7")) for l in proc.stdout.splitlines()] == [
+        (True, False, True), (False, True, True)]
+    proc = accuracy_sh("-a", "dense", "-o", out, "--dry-run")
+    assert proc.returncode == 0 and " seed=" not in proc.stdout and " name=dense " in proc.stdout, proc.stdout
+
+
+def test_a_seed_run_directory_without_checkpoint_is_refused(tmp_path):
+    (tmp_path / "acc" / "runs" / "topka-s2").mkdir(parents=True)
+    proc = accuracy_sh("-a", "dense topka", "--seeds", "1 2", "-o", tmp_path / "acc", "--dry-run")
+    message = f"{tmp_path / 'acc' / 'runs' / 'topka-s2'} exists but holds no checkpoint"
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["-a", "dense nope"], "compression.algorithm 'nope' is unknown"),
     (["-n", "3"], "train.global_batch_size=16 is not divisible by 3 ranks"),
@@ -81,6 +147,10 @@ def test_tiny_benchmark_writes_one_table_of_real_figures(an4_manifests, tmp_path
     (["-n", "0"], "--ranks must be a positive integer"),
     (["-c", "configs/nope.yaml"], "config file 'configs/nope.yaml' not found"),
     (["optim.lr=bad"], "optim.lr must be float"),
+    (["--seed", "1", "--seeds", "2 3"], "give --seed or --seeds, not both"),
+    (["--seeds", "1 x"], "--seeds must be integers >= 0, got 'x' in '1 x'"),
+    (["--seeds", "2 3 2"], "a seed is listed twice: 2 3 2"),
+    (["seed=4"], "override 'seed=4' is set by accuracy.sh itself"),
 ])
 def test_bad_arguments_fail_before_training(tmp_path, args, message):
     proc = accuracy_sh(*args, "-o", tmp_path / "acc")

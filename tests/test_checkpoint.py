@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import train
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import build_compressor
 from sparse_asr.training.checkpoint import (MANIFEST, CheckpointError, Progress, RankState, TrainingState,
                                             check_state_fits, find_checkpoint, load_shared, load_training_state,
                                             rng_state, save_training_state, set_rng_state)
-from sparse_asr.training.config import ConfigError, load_config, resolve_for_run, to_dict
+from sparse_asr.training.config import ConfigError, load_config, to_dict
+from sparse_asr.training.launch import check_fits, resolve_for_run, start_run
 from sparse_asr.training.resume import SAFE_TO_CHANGE, config_for_run
 from sparse_asr.training.trainer import Trainer
 from tests.mpi.train_common import (SMOKE_CONFIG, assert_one_row_per_kind_and_step, flip_byte, read_metrics,
@@ -201,7 +201,7 @@ def saved_run(tmp_path):
 def test_resume_by_run_directory_uses_the_saved_config_where_the_run_now_lives(saved_run):
     moved = saved_run.parent / "exp-copy"
     shutil.copytree(saved_run, moved, symlinks=True)
-    cfg, checkpoint = config_for_run(None, ["train.epochs=5", "train.log_every_steps=7"], str(moved), 1)
+    cfg, checkpoint, _ = config_for_run(None, ["train.epochs=5", "train.log_every_steps=7"], str(moved), 1)
     assert checkpoint == str((moved / "checkpoints" / "step-00000004").resolve())
     assert cfg.run_dir.resolve() == moved.resolve()  # where the checkpoint is, not the name stored in it
     assert (cfg.train.epochs, cfg.train.log_every_steps, cfg.train.resume) == (5, 7, str(moved))
@@ -209,7 +209,7 @@ def test_resume_by_run_directory_uses_the_saved_config_where_the_run_now_lives(s
     assert cfg.model.name == saved["model"]["name"] and cfg.seed == saved["seed"]
     assert config_for_run(None, [f"train.resume={moved}"], "", 1)[1] == checkpoint  # as a config key too
     # The same through a --config file: keys that differ from the saved config must be safe ones.
-    cfg2, _ = config_for_run(str(SMOKE_CONFIG), ["train.epochs=5"], str(moved / "checkpoints" / "last"), 1)
+    cfg2, _, _ = config_for_run(str(SMOKE_CONFIG), ["train.epochs=5"], str(moved / "checkpoints" / "last"), 1)
     assert cfg2.train.epochs == 5 and cfg2.run_dir.resolve() == moved.resolve()
 
 
@@ -224,7 +224,7 @@ def test_resume_a_checkpoint_written_before_a_key_existed(saved_run):
     for config in (None, str(SMOKE_CONFIG)):
         overrides = ["train.epochs=5"] + (["compression.algorithm=oktopk",  # as saved, with nested options
                                            "compression.options.local_threshold_interval=16"] if config else [])
-        cfg, checkpoint = config_for_run(config, overrides, str(saved_run), 1)
+        cfg, checkpoint, _ = config_for_run(config, overrides, str(saved_run), 1)
         assert checkpoint and cfg.compression.dense_1d is False and cfg.train.epochs == 5
         assert cfg.compression.options == {"local_threshold_interval": 16}
     with pytest.raises(ConfigError, match="compression.dense_1d False -> True"):
@@ -247,9 +247,9 @@ def test_resume_refuses_unsafe_changes(saved_run, overrides, message):
 
 def test_resume_auto_and_other_refusals(saved_run, tmp_path):
     out = f"out_dir={saved_run.parent}"
-    cfg, checkpoint = config_for_run(str(SMOKE_CONFIG), [out, "name=exp", "train.epochs=3"], "auto", 1)
+    cfg, checkpoint, _ = config_for_run(str(SMOKE_CONFIG), [out, "name=exp", "train.epochs=3"], "auto", 1)
     assert checkpoint and cfg.train.epochs == 3  # exp has a checkpoint: continue it
-    cfg, checkpoint = config_for_run(str(SMOKE_CONFIG), [out, "name=fresh", "train.resume=auto"], "", 1)
+    cfg, checkpoint, _ = config_for_run(str(SMOKE_CONFIG), [out, "name=fresh", "train.resume=auto"], "", 1)
     assert checkpoint == "" and cfg.name == "fresh"  # nothing to continue: start it
     with pytest.raises(ConfigError, match="needs --config and an explicit run name"):
         config_for_run(str(SMOKE_CONFIG), [out], "auto", 1)
@@ -291,27 +291,30 @@ def test_a_refused_resume_leaves_the_run_directory_byte_identical(an4_manifests,
 
 
 def test_a_checkpoint_that_does_not_fit_the_trainer_is_refused(an4_manifests, tmp_path):
-    """A dense run's state offered to an Ok-Topk trainer (as if the config check were bypassed): a clear
+    """A dense run's state offered to an Ok-Topk run (as if the config check were bypassed): a clear
     error naming the missing compressor keys, not a bare KeyError."""
     comm = Communicator()
 
-    def trainer(name, algorithm, **settings):
+    def trainer(name, algorithm, resume="", **settings):
         overrides = tiny_overrides(an4_manifests, tmp_path, name, compression__algorithm=algorithm, **settings)
-        return train.build_trainer(resolve_for_run(load_config(SMOKE_CONFIG, overrides), comm), comm)
+        return start_run(resolve_for_run(load_config(SMOKE_CONFIG, overrides), comm), comm, resume=resume)
 
     dense, oktopk = trainer("dense", "dense"), trainer("ok", "oktopk")
     with pytest.raises(CheckpointError, match="compressor state does not fit this run: missing boundaries, "
                                               "global_drift, global_ideal, global_threshold, local_drift, "
                                               "local_ideal, local_threshold, residual, sparse_steps"):
-        oktopk.load_training_state(dense.training_state())
+        check_fits(dense.training_state(), oktopk.model, oktopk.compressor, "dense")
     # warmup_steps 'auto' (5% of the run's steps) is fixed when a run starts: 1 epoch of 4 steps = none.
     # Resumed with 40 epochs it stays none, and the state fits (160 steps would make it 8).
     short = trainer("short", "oktopk", compression__warmup_steps="auto", train__epochs=1)
-    longer = trainer("longer", "oktopk", compression__warmup_steps="auto", train__epochs=40)
-    assert (short.warmup, longer.warmup) == (0, 8)
-    longer.load_training_state(short.training_state())
-    assert longer.warmup == 0 and longer.exchange.state_dict().keys() == short.exchange.state_dict().keys()
-    for t in (dense, oktopk, short, longer):
+    fresh = trainer("fresh", "oktopk", compression__warmup_steps="auto", train__epochs=40)
+    short.save()
+    longer = trainer("longer", "oktopk", resume=str(tmp_path / "short"), compression__warmup_steps="auto",
+                     train__epochs=40)
+    assert (short.compressor.warmup_steps, fresh.compressor.warmup_steps) == (0, 8)
+    assert longer.compressor.warmup_steps == 0
+    assert longer.compressor.state_dict().keys() == short.compressor.state_dict().keys()
+    for t in (dense, oktopk, short, fresh, longer):
         t.log.close()
 
 
@@ -410,8 +413,7 @@ def test_resume_auto_for_chained_jobs(an4_manifests, tmp_path):
 
     def job(epochs):
         overrides = tiny_overrides(an4_manifests, tmp_path, "chain", train__epochs=epochs)
-        return train.run(train.parse_args(["--config", str(SMOKE_CONFIG), *overrides, "--resume", "auto",
-                                           "--overwrite"]), Communicator())
+        return run_training(overrides, resume="auto", overwrite=True)
 
     job(1)
     assert sorted(step_losses(run_dir)) == [1, 2, 3, 4] and len(read_metrics(run_dir)) == 4 + 3  # + epoch, val, test

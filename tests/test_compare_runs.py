@@ -16,6 +16,7 @@ import pytest
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
+from sparse_asr import stats
 from tests.mpi_helpers import check_mpi
 
 REPO = Path(__file__).resolve().parent.parent
@@ -240,3 +241,183 @@ def test_real_runs_one_and_two_ranks(an4_manifests, tmp_path):
     assert rows["p1-dense"]["bytes_recv_total"] == 0  # one rank receives nothing
     assert rows["p2-topka"]["bytes_recv_total"] > 0
     check_plots(out, 2)
+
+
+# ------------------------------------------------------------------------------------------- paired seeds
+@pytest.mark.parametrize("df, published", [
+    # two-sided 95% (upper 0.975) critical values of Student's t, 3 decimals: NIST/SEMATECH e-Handbook of
+    # Statistical Methods, section 1.3.6.7.2 "Critical Values of the Student's t Distribution"
+    (1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (6, 2.447), (7, 2.365), (8, 2.306), (9, 2.262),
+    (10, 2.228), (11, 2.201), (12, 2.179), (15, 2.131), (20, 2.086), (25, 2.060), (29, 2.045), (30, 2.042),
+    (40, 2.021), (60, 2.000), (100, 1.984),
+])
+def test_t_quantile_matches_the_published_table(df, published):
+    assert abs(stats.t_quantile(0.95, df) - published) <= 0.0005
+
+
+def test_t_quantile_in_closed_form():
+    # df 1 (Cauchy): P(|T| <= t) = 2 atan(t) / pi; df 2: t / sqrt(t^2 + 2); large df: the normal's 1.959964
+    assert stats.t_quantile(0.95, 1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-12)
+    assert stats.t_quantile(0.95, 2) == pytest.approx(math.sqrt(2 * 0.95**2 / (1 - 0.95**2)), rel=1e-12)
+    assert stats.t_quantile(0.95, 20000) == pytest.approx(1.959964, abs=2e-4)
+    with pytest.raises(ValueError, match="integer >= 1"):
+        stats.t_quantile(0.95, 0)
+
+
+def test_paired_interval_by_hand():
+    # differences 0.02, 0.05, 0.08: mean 0.05; sd = sqrt((0.03^2 + 0 + 0.03^2) / 2) = 0.03; se = 0.03 / sqrt(3)
+    # = 0.0173205; t(0.975, 2) = 4.302653; half-width 0.0745241 -> [-0.0245241, 0.1245241]
+    interval = stats.paired_interval([0.02, 0.05, 0.08])
+    assert (interval.n, interval.mean) == (3, pytest.approx(0.05))
+    assert (interval.low, interval.high) == (pytest.approx(-0.0245241, abs=1e-7), pytest.approx(0.1245241, abs=1e-7))
+    one = stats.paired_interval([0.125])  # one seed: a mean, no interval
+    assert (one.n, one.mean, one.low, one.high) == (1, 0.125, None, None)
+    with pytest.raises(ValueError, match="no paired differences"):
+        stats.paired_interval([])
+
+
+@pytest.mark.parametrize("low, high, expected", [
+    (-5.0, 5.0, "not resolved"),            # both ends count as inside: holds -5% and +5%
+    (-20.0, 30.0, "not resolved"),
+    (-4.999, 5.0, "not better by 5%"),      # holds 0 and +5%, not -5%
+    (-5.0, 4.999, "not worse by 5%"),       # holds 0 and -5%, not +5%: a gap above 5% is excluded
+    (-4.999, 4.999, "within ±5%"),
+    (0.0, 4.0, "within ±5%"),               # an interval ending at 0 does not exclude it
+    (1e-9, 30.0, "worse"),                  # excludes 0
+    (1e-9, 5.0, "worse by < 5%"),
+    (5.0, 30.0, "worse by > 5%"),
+    (-30.0, -1e-9, "better"),
+    (-5.0, -1e-9, "better by < 5%"),
+    (-30.0, -5.0, "better by > 5%"),
+])
+def test_verdict_at_its_boundaries(low, high, expected):
+    assert stats.verdict(stats.Interval(3, (low + high) / 2, low, high)) == expected
+
+
+def test_verdict_of_one_seed():
+    assert stats.verdict(stats.paired_interval([12.5])) == "n/a (one seed)"
+
+
+def seeded_run(root: Path, name: str, seed: int, test_wer, dev_wers, last_loss, algorithm=None):
+    """A run of bench/accuracy.sh --seeds: events with test/wer, val/wer at steps 10, 20 and epoch/loss at
+    steps 10 (20.0) and 20 (`last_loss`); config.yaml with its seed."""
+    scalars = {"train/loss": [(s, 30.0 - s) for s in range(1, 21)], "val/wer": list(zip((10, 20), dev_wers)),
+               "epoch/loss": [(10, 20.0), (20, last_loss)]}
+    if test_wer is not None:
+        scalars["test/wer"] = [(20, test_wer)]
+    cfg = config(algorithm or name.split("-")[0], 0.02, 4)
+    cfg["seed"] = seed
+    write_run(root / name, cfg, scalars)
+    return root / name
+
+
+@pytest.fixture
+def seeded_runs(tmp_path):
+    """dense and oktopk at seeds 1, 2, 3; topka at 1, 2 and 4 (no 3), its seed-2 run without a test set.
+    Every value is a binary fraction, exact in TensorBoard's float32."""
+    root = tmp_path / "runs"
+    dirs = []
+    for seed, test, best, loss in ((1, 0.5, 0.5, 8.0), (2, 0.25, 0.5, 10.0), (3, 0.625, 0.25, 4.0)):
+        dirs.append(seeded_run(root, f"dense-s{seed}", seed, test, (0.75, best), loss))
+    for seed, test, best, loss in ((1, 0.5625, 0.5625, 8.5), (2, 0.25, 0.5625, 9.5), (3, 0.6875, 0.2890625, 4.25)):
+        dirs.append(seeded_run(root, f"oktopk-s{seed}", seed, test, (0.75, best), loss))
+    for seed, test in ((1, 0.5), (2, None), (4, 0.5)):
+        dirs.append(seeded_run(root, f"topka-s{seed}", seed, test, (0.75, 0.5), 8.0 if seed != 2 else 10.0))
+    return dirs
+
+
+def test_paired_comparison_by_hand(seeded_runs, tmp_path):
+    out = tmp_path / "compare"
+    proc = compare(*seeded_runs, "--out", out, "--paired-against", "dense")
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(out / "paired.csv").replace({np.nan: None})
+    rows = {(r["run"], r["metric"]): r for r in table.to_dict("records")}
+    assert list(rows) == [(run, metric) for run in ("oktopk", "topka")
+                          for metric in ("test_wer", "best_dev_wer", "last_epoch_loss")]
+
+    # oktopk test WER: differences 0.0625, 0, 0.0625 (mean 0.0416667, sd 0.0360844, se 0.0208333, half-width
+    # 4.302653 x 0.0208333 = 0.0896386); relative 12.5%, 0%, 10% (mean 7.5%, sd 6.614378, se 3.818813,
+    # half-width 16.431033): [-8.931%, +23.931%] holds both -5% and +5%
+    test = rows["oktopk", "test_wer"]
+    assert [test[f"diff_s{s}"] for s in (1, 2, 3)] == [0.0625, 0.0, 0.0625]
+    assert [test[f"rel_pct_s{s}"] for s in (1, 2, 3)] == [12.5, 0.0, 10.0]
+    assert [test[f"value_s{s}"] for s in (1, 2, 3)] == [0.5625, 0.25, 0.6875]
+    assert [test[f"baseline_s{s}"] for s in (1, 2, 3)] == [0.5, 0.25, 0.625]
+    assert (test["n"], test["mean_diff"], test["diff_low"], test["diff_high"]) == (
+        3, pytest.approx(0.0416667, abs=1e-7), pytest.approx(-0.0479719, abs=1e-7), pytest.approx(0.1313053, abs=1e-7))
+    assert (test["mean_rel_pct"], test["rel_low_pct"], test["rel_high_pct"]) == (
+        pytest.approx(7.5), pytest.approx(-8.931027, abs=1e-6), pytest.approx(23.931027, abs=1e-6))
+    assert (test["verdict"], test["unpaired"]) == ("not resolved", None)
+
+    # oktopk best dev WER (the lowest of each run's evaluations): relative 12.5%, 12.5%, 15.625% (mean
+    # 13.541667, sd 1.804220, se 1.041667, half-width 4.482139): [+9.060%, +18.024%], above +5%
+    dev = rows["oktopk", "best_dev_wer"]
+    assert [dev[f"diff_s{s}"] for s in (1, 2, 3)] == [0.0625, 0.0625, 0.0390625]
+    assert (dev["mean_rel_pct"], dev["rel_low_pct"], dev["rel_high_pct"]) == (
+        pytest.approx(13.541667, abs=1e-6), pytest.approx(9.059737, abs=1e-6), pytest.approx(18.023597, abs=1e-6))
+    assert dev["verdict"] == "worse by > 5%"
+
+    # oktopk last-epoch loss (epoch/loss at the last step, not the first): 8.5 - 8, 9.5 - 10, 4.25 - 4;
+    # relative 6.25%, -5%, 6.25% (mean 2.5, sd 6.495191, se 3.75, half-width 16.134947)
+    loss = rows["oktopk", "last_epoch_loss"]
+    assert [loss[f"diff_s{s}"] for s in (1, 2, 3)] == [0.5, -0.5, 0.25]
+    assert (loss["mean_rel_pct"], loss["rel_low_pct"], loss["rel_high_pct"]) == (
+        pytest.approx(2.5), pytest.approx(-13.634948, abs=1e-6), pytest.approx(18.634948, abs=1e-6))
+    assert loss["verdict"] == "not resolved"
+
+    # topka: seed 3 has no topka run, seed 4 no dense run, and topka-s2 logged no test WER: all named,
+    # and the test WER rests on seed 1 alone (no interval)
+    topka_test = rows["topka", "test_wer"]
+    assert topka_test["unpaired"] == "s2: topka-s2 logged no test/wer; s3: no topka run; s4: no dense run"
+    assert (topka_test["n"], topka_test["mean_diff"], topka_test["diff_low"], topka_test["verdict"]) == (
+        1, 0.0, None, "n/a (one seed)")
+    assert topka_test["diff_s2"] is None and topka_test["diff_s4"] is None
+    topka_dev = rows["topka", "best_dev_wer"]
+    assert (topka_dev["n"], topka_dev["unpaired"]) == (2, "s3: no topka run; s4: no dense run")
+    assert (topka_dev["rel_low_pct"], topka_dev["rel_high_pct"], topka_dev["verdict"]) == (0.0, 0.0, "within ±5%")
+    assert "topka test_wer: unpaired: s2: topka-s2 logged no test/wer; s3: no topka run" in proc.stderr
+
+    markdown = (out / "paired.md").read_text()
+    assert markdown in proc.stdout
+    assert ("| oktopk | best dev WER | 3 | s1 +0.0625 (+12.5%); s2 +0.0625 (+12.5%); s3 +0.03906 (+15.6%) | "
+            "0.4714 / 0.4167 | +0.05469 [+0.02107, +0.0883] | +13.5% [+9.1%, +18.0%] | worse by > 5% |  |") in markdown
+    assert ("| topka | test WER | 1 | s1 +0 (+0.0%) | 0.5 / 0.5 | +0 | +0.0% | n/a (one seed) | "
+            "s2: topka-s2 logged no test/wer; s3: no topka run; s4: no dense run |") in markdown
+    assert "nan" not in markdown.lower() and "nan" not in (out / "paired.csv").read_text().lower()
+
+
+def test_target_run_by_label_takes_the_run_at_the_same_seed(seeded_runs, tmp_path):
+    out = tmp_path / "compare"
+    proc = compare(*seeded_runs, "--out", out, "--target-run", "dense")
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(out / "results.csv").replace({np.nan: None}).set_index("run")
+    # dense's best dev WER x 1.05 at seeds 1, 2, 3: 0.525, 0.525, 0.2625; seed 4 has no dense run
+    for name, target in (("dense-s1", 0.525), ("oktopk-s2", 0.525), ("oktopk-s3", 0.2625), ("topka-s1", 0.525)):
+        assert table.loc[name, "target_dev_wer"] == pytest.approx(target), name
+    assert table.loc["topka-s4", "target_dev_wer"] is None
+    assert table.loc["oktopk-s3", "step_at_target"] is None  # 0.2890625 > 0.2625: never reached
+    assert table.loc["dense-s3", "step_at_target"] == 20
+
+
+def test_pairing_errors_name_the_runs(seeded_runs, tmp_path):
+    proc = compare(*seeded_runs, "--out", tmp_path / "o", "--paired-against", "powersgd")
+    assert proc.returncode != 0 and "--paired-against 'powersgd' is not among the run labels" in proc.stderr
+    # two runs that are both dense at seed 1: which one pairs is not guessed
+    again = seeded_run(tmp_path / "other", "dense", 1, 0.5, (0.75, 0.5), 8.0)
+    proc = compare(*seeded_runs, again, "--out", tmp_path / "o", "--paired-against", "dense")
+    assert proc.returncode != 0, proc.stdout
+    assert f"{seeded_runs[0]} and {again} are both 'dense' at seed 1: cannot pair them" in proc.stderr
+    # a run without a seed in its config cannot be paired
+    bare = tmp_path / "bare" / "topkdsa-s1"
+    write_run(bare, config("topkdsa", 0.02, 4), {"val/wer": [(1, 0.5)]})
+    proc = compare(*seeded_runs, bare, "--out", tmp_path / "o", "--paired-against", "dense")
+    assert proc.returncode != 0 and f"{bare / 'config.yaml'} has none (seed: None)" in proc.stderr
+    assert not (tmp_path / "o" / "paired.md").exists()
+
+
+def test_labels_strip_only_the_configs_own_seed(tmp_path):
+    for name, seed, label in (("dense-s3", 3, "dense"), ("dense-s3", 1, "dense-s3"), ("dense", 1, "dense"),
+                              ("powersgd-matrix_approximation_rank4-s12", 12, "powersgd-matrix_approximation_rank4"),
+                              ("-s2", 2, "-s2")):
+        run = compare_runs.Run(name, tmp_path / name, {"seed": seed}, {})
+        assert compare_runs.run_label(run) == label, (name, seed)

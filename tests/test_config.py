@@ -8,8 +8,8 @@ import yaml
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import warmup_steps
 from sparse_asr.training import check_config
-from sparse_asr.training.config import (ConfigError, check_same_on_all_ranks, load_config,
-                             resolve_for_run, resolve_world_size, to_yaml)
+from sparse_asr.training.config import ConfigError, load_config, resolve_world_size, to_yaml
+from sparse_asr.training.launch import check_same_on_all_ranks, resolve_for_run
 from tests.mpi_helpers import check_mpi
 
 REPO = Path(__file__).resolve().parent.parent
@@ -253,11 +253,14 @@ def test_lstman4_configs_are_the_paper_setup_plus_their_own_keys():
             assert others <= {"compression.algorithm"}, (path, others)
     recipe = load_config(REPO / "configs" / "lstman4_recipe.yaml")
     assert differing_keys(recipe, paper) == {"model.sync_batchnorm", "data.freq_masks", "data.time_masks", "optim.lr",
-                                             "distributed.world_size"}
+                                             "optim.nesterov", "optim.lr_warmup_steps", "optim.lr_anneal",
+                                             "compression.warmup_steps", "distributed.world_size"}
     assert (recipe.model.sync_batchnorm, recipe.data.freq_masks, recipe.data.time_masks, recipe.optim.lr) == (True, 2, 2, 3e-3)
     cpu = load_config(REPO / "configs" / "an4_cpu.yaml")
     assert (cpu.model.name, cpu.model.sync_batchnorm, cpu.train.global_batch_size, cpu.data.freq_masks) == (
         "lstman4_small", True, 16, 2)
+
+
 def test_an_empty_override_is_the_empty_string():
     """`data.test_manifest=` means no test set, like data.test_manifest=''."""
     assert load_config(None, ["data.test_manifest="]).data.test_manifest == ""

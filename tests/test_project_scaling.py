@@ -85,7 +85,7 @@ def test_topkdsa_fill_in_and_dense_switch():
 
 
 def test_ordering_as_P_grows():
-    sparse = [a for a in ps.ALGORITHMS if a != "powersgd"]  # the paper's comparison; PowerSGD's below
+    sparse = [a for a in ps.ALGORITHMS if a not in ps.NOT_IN_PAPER]  # the paper's comparison; PowerSGD's below
     df = ps.project(sparse, [4, 16, 64, 256], N, 0.02, [], MODEL)
     at = lambda P, column: df[df.P == P].set_index("algorithm")[column]
     for P in (64, 256):

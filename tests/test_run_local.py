@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tooling
+
 REPO = Path(__file__).resolve().parent.parent
 
 

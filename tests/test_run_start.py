@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import soundfile
 
-import train
 from sparse_asr.comm import Communicator
 from sparse_asr.data.audio import AudioError
 from sparse_asr.data.manifest import ManifestError, read_manifest, write_manifest
@@ -46,8 +45,7 @@ def test_a_previous_run_is_refused_untouched_then_replaced_with_overwrite(tiny_m
     assert snapshot(run_dir) == before  # byte-identical: the refused run wrote nothing
 
     capsys.readouterr()
-    train.run(train.parse_args(["--config", str(SMOKE_CONFIG), *overrides, "train.epochs=2", "--overwrite"]),
-              Communicator())
+    run_training(overrides + ["train.epochs=2"], overwrite=True)
     assert "--overwrite: deleted the previous run's config.yaml, metrics.jsonl, checkpoints, events.out.tfevents." \
            in capsys.readouterr().out
     assert sorted(step_losses(run_dir)) == [1, 2, 3, 4]  # only the new run's curve: 2 epochs x 2 steps
@@ -58,8 +56,7 @@ def test_a_previous_run_is_refused_untouched_then_replaced_with_overwrite(tiny_m
 
     last = str(run_dir)
     with pytest.raises(ConfigError, match="--overwrite starts the run afresh and --resume continues it"):
-        train.run(train.parse_args(["--config", str(SMOKE_CONFIG), *overrides, "--overwrite", "--resume", last]),
-                  Communicator())
+        run_training(overrides, resume=last, overwrite=True)
     run_training(overrides + ["train.epochs=3"], resume=last)  # resuming continues in the directory
     assert sorted(step_losses(run_dir)) == [1, 2, 3, 4, 5, 6]
 

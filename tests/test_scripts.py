@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tooling
+
 REPO = Path(__file__).resolve().parent.parent
 VENV = os.path.realpath(REPO / ".venv")  # submit.sh passes the resolved path: .venv may be a symlink
 CONFIG = "tests/configs/cluster.yaml"  # valid at every rank count: the submit helpers check the config
@@ -215,8 +217,8 @@ def test_sweep_defaults_cover_all_algorithms():
     from sparse_asr.compression import COMPRESSORS
 
     lines = ok(["scripts/sweep.sh", "-c", CONFIG, "--dry-run"])
-    # 2 rank counts x (dense + powersgd + 5 sparse algorithms x 2 densities)
-    assert len(lines) == 2 * (2 + 5 * 2)
+    # 2 rank counts x (dense + powersgd + 6 sparse algorithms x 2 densities)
+    assert len(lines) == 2 * (2 + 6 * 2)
     algorithms = {shlex.split(line)[8].split("=")[1] for line in lines}
     assert algorithms == set(COMPRESSORS)  # a new compressor must be added to the sweep's list
     names = {shlex.split(line)[7] for line in lines}

@@ -146,8 +146,9 @@ def test_bf16_step_autocasts_the_forward_and_keeps_float32_gradients_and_weights
     float32 one from the same weights but not equal, and the gradient buffer, the weights and the
     update stay float32."""
     from sparse_asr.comm import Communicator
-    from sparse_asr.training.config import load_config, resolve_for_run
-    from sparse_asr.training.logging import RunLogger
+    from sparse_asr.training.config import load_config
+    from sparse_asr.training.launch import resolve_for_run
+    from sparse_asr.training.launch import bare_trainer
     from tests.mpi.train_common import SMOKE_CONFIG
 
     dataset = SpeechDataset(tiny_manifest)
@@ -158,7 +159,7 @@ def test_bf16_step_autocasts_the_forward_and_keeps_float32_gradients_and_weights
         cfg = resolve_for_run(load_config(SMOKE_CONFIG, tiny_on(tiny_manifest, tmp_path, precision)
                                           + [f"train.precision={precision}"]), comm)
         torch.manual_seed(0)
-        trainer = Trainer(cfg, comm, build_model("lstman4_tiny"), dataset, None, None, "cpu", RunLogger("", enabled=False))
+        trainer = bare_trainer(cfg, comm, build_model("lstman4_tiny"), dataset, "cpu")
         seen = []
         trainer.model.classifier.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
         before = [p.detach().clone() for p in trainer.params]
@@ -201,6 +202,35 @@ def test_nan_loss_is_skipped_and_counted(tiny_manifest, tmp_path, monkeypatch, c
     assert [(m["step"], m["train/skipped_steps"]) for m in skipped] == [(2, 1)]
     assert sorted(step_losses(tmp_path / "nan")) == [1, 2, 3]  # 4 batches, 3 optimizer steps
     assert "non-finite loss or gradient, step skipped" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algorithm", ["oktopk", "powersgd"])
+def test_a_nonfinite_step_reaches_no_compressor(tiny_manifest, tmp_path, monkeypatch, algorithm):
+    """The step's one finiteness check is the trainer's: a NaN loss (so NaN gradients) skips the step before
+    the compressor is called, so its residual, the weights and the step count stay as they were."""
+    from sparse_asr.comm import Communicator
+    from sparse_asr.training.config import load_config
+    from sparse_asr.training.launch import resolve_for_run
+    from sparse_asr.training.launch import bare_trainer
+    from tests.mpi.train_common import SMOKE_CONFIG
+
+    dataset = SpeechDataset(tiny_manifest)
+    batch = collate([dataset[i] for i in range(4)])
+    comm = Communicator()
+    cfg = resolve_for_run(load_config(SMOKE_CONFIG, tiny_on(tiny_manifest, tmp_path, algorithm)
+                                      + [f"compression.algorithm={algorithm}", "compression.density=0.1"]), comm)
+    trainer = bare_trainer(cfg, comm, build_model("lstman4_tiny"), dataset, "cpu")
+    for _ in range(2):
+        assert trainer.train_step(batch) is not None
+    kept = {k: v.clone() for k, v in trainer.compressor.state_dict().items() if torch.is_tensor(v)}
+    weights = [p.detach().clone() for p in trainer.params]
+    assert any(v.abs().sum() > 0 for v in kept.values())  # a residual / error that a leak would change
+    nan_loss, calls = inject_nan(monkeypatch, at_step=2, once=True), []
+    monkeypatch.setattr(type(trainer.compressor), "step", lambda self, g: calls.append(g))
+    assert trainer.train_step(batch) is None and nan_loss == [(0, 0)] and calls == []
+    assert trainer.progress.step == 2 and all(torch.equal(a, b) for a, b in zip(weights, trainer.params))
+    state = trainer.compressor.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in kept.items())
 
 
 def test_nonfinite_steps_in_a_row_stop_the_run(tiny_manifest, tmp_path, monkeypatch):

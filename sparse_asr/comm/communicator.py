@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -106,6 +107,15 @@ class Communicator:
 
     def per_op(self) -> dict[str, CommCounts]:
         return {op: self.counts(op) for op in self._per_op}
+
+    @contextmanager
+    def measure(self):
+        """`with comm.measure() as moved: ...`: afterwards `moved` holds the traffic of the block (a CommCounts)."""
+        before = self.counts()
+        moved = CommCounts()
+        yield moved
+        for f in fields(moved):
+            setattr(moved, f.name, getattr(self._totals, f.name) - getattr(before, f.name))
 
     def _count(self, op: str, t0: float, sent: int, recv: int, msgs_sent: int, msgs_recv: int):
         delta = CommCounts(sent, recv, msgs_sent, msgs_recv, time.perf_counter() - t0)
@@ -260,6 +270,23 @@ class Communicator:
         P = self.size
         self._count("bcast", t0, nbytes * (P - 1) if self.rank == root else 0, 0 if self.rank == root else nbytes, 0, 0)
         return t
+
+    # ------------------------------------------------------------------ small reductions (logging, benches)
+    def gather_rows(self, vec: torch.Tensor) -> torch.Tensor:
+        """Every rank's small 1-D tensor (same length everywhere) as a (P, len) table: one collective,
+        no size exchange."""
+        table, _ = self.allgatherv(vec.contiguous(), counts=[vec.numel()] * self.size)
+        return table.view(self.size, -1)
+
+    def mean_and_max(self, mine: dict[str, float]) -> dict[str, float]:
+        """Collective: {key_mean, key_max} over ranks of each of this rank's figures."""
+        keys = sorted(mine)
+        table = self.gather_rows(torch.tensor([float(mine[k]) for k in keys], dtype=torch.float64))
+        out = {}
+        for i, key in enumerate(keys):
+            out[f"{key}_mean"] = table[:, i].mean().item()
+            out[f"{key}_max"] = table[:, i].max().item()
+        return out
 
     def bcast_object(self, obj, root: int = 0):
         return obj if self.size == 1 else self._comm.bcast(obj, root=root)

@@ -1,6 +1,8 @@
 """Registry of gradient compressors by config name. Adding an algorithm: its own file, one line here,
 and its reference in tests/reference.py (see README, "Adding a compressor")."""
-from sparse_asr.compression.base import Compressor, Cost, SparseCompressor, StepStats, parse_options
+from sparse_asr.compression.base import (Compressor, CompressorWrapper, Cost, ErrorFeedback, SparseCompressor,
+                                         SparseUpdate, StepStats, parse_options)
+from sparse_asr.compression.cltk import CLTk
 from sparse_asr.compression.dense import DenseAllreduce, DenseVectors, DenseWarmup
 from sparse_asr.compression.gaussiank import Gaussiank
 from sparse_asr.compression.gtopk import GTopk
@@ -10,7 +12,7 @@ from sparse_asr.compression.topk_allgather import TopkAllgather
 from sparse_asr.compression.topk_dsa import TopkDSA
 
 COMPRESSORS: dict[str, type[Compressor]] = {
-    cls.name: cls for cls in (DenseAllreduce, OkTopk, TopkAllgather, TopkDSA, GTopk, Gaussiank, PowerSGD)
+    cls.name: cls for cls in (DenseAllreduce, OkTopk, TopkAllgather, TopkDSA, GTopk, Gaussiank, PowerSGD, CLTk)
 }
 
 
@@ -34,5 +36,5 @@ def build_compressor(name: str, comm, numel: int, density: float = 1.0, device="
     return DenseWarmup(compressor, warmup) if warmup else compressor
 
 
-__all__ = ["COMPRESSORS", "Compressor", "Cost", "DenseVectors", "DenseWarmup", "SparseCompressor", "StepStats",
-           "build_compressor", "parse_options", "warmup_steps"]
+__all__ = ["COMPRESSORS", "Compressor", "CompressorWrapper", "Cost", "DenseVectors", "DenseWarmup", "ErrorFeedback",
+           "SparseCompressor", "SparseUpdate", "StepStats", "build_compressor", "parse_options", "warmup_steps"]

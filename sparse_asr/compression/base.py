@@ -13,9 +13,14 @@ and the tests use.
 
 Sparse algorithms only implement `exchange(acc)`: given the accumulated gradient
 acc = grad + residual, select, communicate, and say which global entries get which summed value
-and which of *this rank's* entries were applied. The base class does the rest, identically for
-every algorithm: output = values / P at the global indices, and residual = acc with exactly the
-applied local entries zeroed (what was selected locally but dropped globally stays).
+and which of *this rank's* entries were applied (a SparseUpdate). The base class does the rest,
+identically for every algorithm: output = values / P at the global indices, and residual = acc with
+exactly the applied local entries zeroed (what was selected locally but dropped globally stays).
+
+`step` takes a finite gradient: the trainer checks it once per step and skips the step on every rank
+together when any rank's is not (a compressor cannot: its collectives would deadlock), so no
+non-finite value ever enters a residual. Wrappers (CompressorWrapper: the dense warm-up, the 1-D
+parameters) put dense allreduce beside another compressor and delegate the rest to it.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sparse_asr.comm.communicator import Communicator
+from sparse_asr.comm.communicator import CommCounts, Communicator
 
 
 @dataclass
@@ -128,11 +133,25 @@ class Compressor:
         depends on them (PowerSGD's); the others take and ignore them, so every caller asks alike."""
         raise NotImplementedError
 
+    @property
+    def warmup_steps(self) -> int:
+        """Dense steps before this compressor's own (DenseWarmup's count; 0 for a bare compressor)."""
+        return 0
+
     def describe(self) -> str:
         return f"{self.name} at density {self.density:g}"
 
     def step(self, flat_grad: torch.Tensor) -> StepStats:
         raise NotImplementedError
+
+    def stats(self, moved: CommCounts, selected_local: int, selected_global: int, seconds_select: float = 0.0,
+              k: int | None = None, dense: bool = False, extra: dict | None = None) -> StepStats:
+        """The step's StepStats from the traffic `moved` (comm.measure()) and what was selected."""
+        return StepStats(algorithm=self.name, dense=dense, numel=self.numel, k=self.k if k is None else k,
+                         selected_local=selected_local, selected_global=selected_global,
+                         bytes_sent=moved.bytes_sent, bytes_recv=moved.bytes_recv, messages=moved.msgs_sent,
+                         seconds_select=seconds_select, seconds_comm=moved.seconds,
+                         dense_bytes=dense_allreduce_bytes(self.numel, self.comm.size), extra=extra or {})
 
     def state_dict(self) -> dict:
         return {}
@@ -142,7 +161,7 @@ class Compressor:
 
 
 @dataclass
-class Exchange:
+class SparseUpdate:
     """What `SparseCompressor.exchange` returns.
 
     indices: global entries of the update (each once); values: their sum over ranks (not yet / P);
@@ -159,44 +178,81 @@ class Exchange:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+class CompressorWrapper(Compressor):
+    """A compressor around another (`inner`): the same communicator, size, density, k, shapes and device, the
+    same name in the logs; what a wrapper does not change it delegates."""
+
+    def __init__(self, inner: Compressor):
+        self.inner = inner
+        super().__init__(inner.comm, inner.numel, inner.density, device=inner.device, shapes=inner.shapes)
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.inner.warmup_steps
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def step(self, flat_grad: torch.Tensor) -> StepStats:
+        return self.inner.step(flat_grad)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+
+class ErrorFeedback:
+    """The error-feedback memory of one rank (DESIGN 4): what was computed but not yet applied. Each step,
+    acc = grad + residual; after it, residual = acc minus exactly what the global update took from this
+    rank. The sparse compressors and PowerSGD share it; `residual` is held in place (acc lives in it
+    during a step, so no n-long copy is made)."""
+
+    def __init__(self, numel: int, device: torch.device):
+        self.residual = torch.zeros(numel, dtype=torch.float32, device=device)
+
+    def accumulate(self, grad: torch.Tensor) -> torch.Tensor:
+        """residual += grad; returns the residual buffer, which now holds acc."""
+        self.residual += grad
+        return self.residual
+
+    def applied_entries(self, indices: torch.Tensor) -> None:
+        """These entries of acc went into the update whole: nothing of them is owed any more."""
+        self.residual[indices.long()] = 0.0
+
+    def applied_update(self, update: torch.Tensor) -> None:
+        """`update` (dense, e.g. a low-rank approximation of acc) was applied: the rest stays owed."""
+        self.residual -= update
+
+
 class SparseCompressor(Compressor):
-    """Error feedback around `exchange`. The residual buffer holds acc during the exchange."""
+    """Error feedback around `exchange`: residuals in an ErrorFeedback, acc held in its buffer during the step."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.residual = torch.zeros(self.numel, dtype=torch.float32, device=self.device)
+        self.memory = ErrorFeedback(self.numel, self.device)
         self.index_dtype = torch.int32 if self.numel < 2**31 else torch.int64
 
-    def exchange(self, acc: torch.Tensor) -> Exchange:
+    @property
+    def residual(self) -> torch.Tensor:
+        return self.memory.residual
+
+    def exchange(self, acc: torch.Tensor) -> SparseUpdate:
         raise NotImplementedError
 
     def step(self, flat_grad: torch.Tensor) -> StepStats:
-        # The trainer agrees across ranks to skip non-finite steps before calling us, so a
-        # non-finite value here is a bug; refusing it keeps the residual clean.
-        if not all_finite(flat_grad):
-            raise FloatingPointError(f"{self.name}: non-finite gradient reached the compressor")
-        before = self.comm.counts()
-        self.residual += flat_grad  # residual now holds acc = grad + residual
-        ex = self.exchange(self.residual)
-        flat_grad.zero_()
-        flat_grad[ex.indices.long()] = ex.values.to(flat_grad.dtype) / self.comm.size
-        self.residual[ex.applied.long()] = 0.0
-        moved = self.comm.counts() - before
-        return StepStats(
-            algorithm=self.name,
-            dense=False,
-            numel=self.numel,
-            k=self.k,
-            selected_local=ex.selected_local,
-            selected_global=int(ex.indices.numel()),
-            bytes_sent=moved.bytes_sent,
-            bytes_recv=moved.bytes_recv,
-            messages=moved.msgs_sent,
-            seconds_select=ex.seconds_select,
-            seconds_comm=moved.seconds,
-            dense_bytes=dense_allreduce_bytes(self.numel, self.comm.size),
-            extra=ex.extra,
-        )
+        with self.comm.measure() as moved:
+            update = self.exchange(self.memory.accumulate(flat_grad))
+            flat_grad.zero_()
+            flat_grad[update.indices.long()] = update.values.to(flat_grad.dtype) / self.comm.size
+            self.memory.applied_entries(update.applied)
+        return self.stats(moved, update.selected_local, int(update.indices.numel()), update.seconds_select,
+                          extra=update.extra)
 
     def state_dict(self) -> dict:
         return {"residual": self.residual.detach().cpu().clone()}

@@ -1,11 +1,9 @@
 """Dense allreduce: SUM / P. The reference every sparse algorithm is compared against. Also the two wrappers
 that put dense allreduce beside another compressor: DenseWarmup (the first steps) and DenseVectors (the
 one-dimensional parameters)."""
-import dataclasses
-
 import torch
 
-from sparse_asr.compression.base import Compressor, Cost, StepStats, dense_allreduce_bytes
+from sparse_asr.compression.base import Compressor, CompressorWrapper, Cost, StepStats
 
 
 class DenseAllreduce(Compressor):
@@ -21,34 +19,24 @@ class DenseAllreduce(Compressor):
         return "dense allreduce"
 
     def step(self, flat_grad: torch.Tensor) -> StepStats:
-        before = self.comm.counts()
-        self.comm.allreduce_(flat_grad)
-        flat_grad /= self.comm.size
-        moved = self.comm.counts() - before
-        return StepStats(
-            algorithm=self.name,
-            dense=True,
-            numel=self.numel,
-            k=self.numel,
-            selected_local=self.numel,
-            selected_global=self.numel,
-            bytes_sent=moved.bytes_sent,
-            bytes_recv=moved.bytes_recv,
-            messages=moved.msgs_sent,
-            seconds_select=0.0,
-            seconds_comm=moved.seconds,
-            dense_bytes=dense_allreduce_bytes(self.numel, self.comm.size, flat_grad.element_size()),
-        )
+        with self.comm.measure() as moved:
+            self.comm.allreduce_(flat_grad)
+            flat_grad /= self.comm.size
+        return self.stats(moved, self.numel, self.numel, k=self.numel, dense=True)
 
 
-class DenseWarmup(Compressor):
+class DenseWarmup(CompressorWrapper):
     """The first `steps` exchanges are dense allreduce, then `inner` takes over (compression.warmup_steps).
     Its own counter and state travel in checkpoints, so a resumed run switches at the same step."""
 
     def __init__(self, inner: Compressor, steps: int):
-        self.inner, self.steps, self.taken = inner, steps, 0
+        super().__init__(inner)
+        self.steps, self.taken = steps, 0
         self.dense = DenseAllreduce(inner.comm, inner.numel, device=inner.device)
-        self.name, self.comm, self.numel, self.density = inner.name, inner.comm, inner.numel, inner.density
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.steps
 
     def describe(self) -> str:
         return f"{self.inner.describe()} after {self.steps} dense warm-up steps"
@@ -66,7 +54,7 @@ class DenseWarmup(Compressor):
         self.inner.load_state_dict(state["inner"])
 
 
-class DenseVectors(Compressor):
+class DenseVectors(CompressorWrapper):
     """The one-dimensional parameters (biases, BatchNorm scales and shifts: a small share of the entries)
     are averaged by dense allreduce; `inner` exchanges the rest, seeing zeros in their place, so it never
     selects them and keeps no residual for them (compression.dense_1d). Why: a bias followed by
@@ -74,16 +62,14 @@ class DenseVectors(Compressor):
     so under error feedback its residual grows without bound (docs/results.md)."""
 
     def __init__(self, inner: Compressor):
-        self.inner = inner
-        self.name, self.comm, self.numel, self.density = inner.name, inner.comm, inner.numel, inner.density
-        self.device = inner.device
+        super().__init__(inner)
         offsets, positions = 0, []
-        for shape in inner.shapes:  # the parameters' shapes in flat-buffer order
+        for shape in self.shapes:  # the parameters' shapes in flat-buffer order
             size = shape.numel()
             if len(shape) == 1:
                 positions.append(torch.arange(offsets, offsets + size))
             offsets += size
-        self.positions = torch.cat(positions).to(inner.device) if positions else torch.zeros(0, dtype=torch.long)
+        self.positions = torch.cat(positions).to(self.device) if positions else torch.zeros(0, dtype=torch.long)
 
     def describe(self) -> str:
         return f"{self.inner.describe()}, {self.positions.numel():,} entries of 1-D parameters by dense allreduce"
@@ -91,18 +77,11 @@ class DenseVectors(Compressor):
     def step(self, flat_grad: torch.Tensor) -> StepStats:
         vectors = flat_grad[self.positions]  # a copy (advanced indexing)
         flat_grad[self.positions] = 0.0
-        stats = self.inner.step(flat_grad)
-        before = self.comm.counts()
-        self.comm.allreduce_(vectors)
+        with self.comm.measure() as moved:  # the inner step's traffic and the vectors' allreduce together
+            stats = self.inner.step(flat_grad)
+            self.comm.allreduce_(vectors)
         flat_grad[self.positions] = vectors / self.comm.size
-        moved = self.comm.counts() - before
-        return dataclasses.replace(
-            stats, selected_global=stats.selected_global + self.positions.numel(),
-            bytes_sent=stats.bytes_sent + moved.bytes_sent, bytes_recv=stats.bytes_recv + moved.bytes_recv,
-            messages=stats.messages + moved.msgs_sent, seconds_comm=stats.seconds_comm + moved.seconds)
-
-    def state_dict(self) -> dict:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.inner.load_state_dict(state)
+        stats.selected_global += self.positions.numel()
+        stats.bytes_sent, stats.bytes_recv = moved.bytes_sent, moved.bytes_recv
+        stats.messages, stats.seconds_comm = moved.msgs_sent, moved.seconds
+        return stats

@@ -19,7 +19,7 @@ from statistics import NormalDist
 
 import torch
 
-from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, sum_pairs, unpack_pairs
+from sparse_asr.compression.base import Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, sum_pairs, unpack_pairs
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,13 @@ class Gaussiank(SparseCompressor):
                 t = math.sqrt(lower * upper)
         return torch.nonzero(deviation >= t).flatten(), t, adjust
 
-    def exchange(self, acc: torch.Tensor) -> Exchange:
+    def exchange(self, acc: torch.Tensor) -> SparseUpdate:
         with Timer() as timer:
             local, threshold, adjusts = self.select(acc)
             send = pack_pairs(local.to(self.index_dtype), acc[local])
         received, _ = self.comm.allgatherv(send)
         indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype))
-        return Exchange(
+        return SparseUpdate(
             indices,
             values,
             applied=local,

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from sparse_asr.compression.base import (Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, sum_pairs,
+from sparse_asr.compression.base import (Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, pair_bytes, sum_pairs,
                                          unpack_pairs)
 from sparse_asr.compression.selection import topk_indices
 
@@ -61,7 +61,7 @@ class GTopk(SparseCompressor):
         rounds = math.ceil(math.log2(P)) if P > 1 else 0
         return Cost(4 * k * rounds, 4 * k * rounds, 4 * k * rounds, 2 * rounds, "4k ceil(log2 P)")
 
-    def exchange(self, acc: torch.Tensor) -> Exchange:
+    def exchange(self, acc: torch.Tensor) -> SparseUpdate:
         P, i = self.comm.size, self.comm.rank
         kk = min(self.k, self.numel)
         pb = pair_bytes(self.index_dtype)
@@ -103,7 +103,7 @@ class GTopk(SparseCompressor):
             requests.append(self.comm.isend(torch.cat([f_pairs, pack_bits(child_mask)]), child, TAG_DOWN))
             mask = mask & torch.isin(f_idx, own_before)
         self.comm.waitall(requests)
-        return Exchange(
+        return SparseUpdate(
             f_idx,
             f_val,
             applied=f_idx[mask],

@@ -36,7 +36,7 @@ torch.distributed.
 Host synchronisations on CUDA in a reuse step (each stalls the host until the GPU catches up): the
 local selection's nonzero and the reduce's per-region counts (both set the reduce's message sizes),
 the global selection's nonzero (the allgatherv's sizes), staging through host memory when MPI is
-not CUDA-aware, and, after the last transfer, the applied set's size (Exchange.applied is a list of
+not CUDA-aware, and, after the last transfer, the applied set's size (SparseUpdate.applied is a list of
 indices) and the two counts the controllers' elasticities need (one transfer). Exact steps add the
 k-th value of torch.topk and one histogram per radix round. The reduced region is kept with its
 repeated indices (summed into the first, 0 elsewhere) so that no sync sizes a unique set.
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sparse_asr.compression.base import Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.base import Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
 from sparse_asr.compression.selection import intersect_unique, kth_largest_magnitude_radix, threshold_indices, threshold_select, topk_threshold_select
 
 # Repartition histogram: about 4 selected entries per rank per bin, at most 1024 bins (its
@@ -194,6 +194,10 @@ class OkTopkOptions:
     count_gain: float = 0.5  # share of the estimated threshold error corrected per step (CountController)
     drift_gain: float = 0.3  # weight of the latest step in the controller's drift estimate
     rebalance: bool = True  # re-cut the selected pairs to equal shares before the allgatherv (P > 2)
+    # Each rank selects local_factor x k entries locally (the global step still keeps k): more of every
+    # rank's values reach the owners, so a globally selected entry carries more ranks' contributions
+    # (issue 20's remedy (a)); the reduce then moves local_factor times the pairs.
+    local_factor: float = 1.0
 
     def check(self, name: str) -> None:
         for key in ("local_threshold_interval", "global_threshold_interval", "repartition_interval"):
@@ -202,6 +206,8 @@ class OkTopkOptions:
         for key in ("count_gain", "drift_gain"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ValueError(f"{name}: compression.options.{key} must be in [0, 1], got {getattr(self, key)!r}")
+        if not 1.0 <= self.local_factor <= 64.0:
+            raise ValueError(f"{name}: compression.options.local_factor must be in [1, 64], got {self.local_factor!r}")
 
 
 class OkTopk(SparseCompressor):
@@ -214,6 +220,7 @@ class OkTopk(SparseCompressor):
         self.local_threshold_interval = options.local_threshold_interval
         self.global_threshold_interval = options.global_threshold_interval
         self.repartition_interval = options.repartition_interval
+        self.k_local = min(numel, max(1, round(options.local_factor * self.k)))  # local selection's target
         self.radix_bins = min(max(RADIX_BINS[0], 1 << max(0, (self.k // 128).bit_length() - 1)), RADIX_BINS[1])
         # Everything below is state a checkpoint must carry to resume exactly.
         self.sparse_steps = 0  # exchanges done so far (the intervals count these)
@@ -225,13 +232,16 @@ class OkTopk(SparseCompressor):
     @staticmethod
     def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:
         """The paper's bounds [2k(P-1)/P, 6k(P-1)/P]; typically k pairs reduced to balanced regions and k
-        pairs allgathered, 4k(P-1)/P. Messages: the reduce and the allgather, plus the threshold rounds."""
+        pairs allgathered, 4k(P-1)/P. With local_factor c the reduce moves c times the pairs: typically
+        (2c + 2)k(P-1)/P, at most (4c + 2)k(P-1)/P. Messages: the reduce and the allgather, plus the
+        threshold rounds."""
+        c = (options or OkTopkOptions()).local_factor
         rounds = math.ceil(math.log2(P)) if P > 1 else 0
-        return Cost(2 * k * (P - 1) / P, 6 * k * (P - 1) / P, 4 * k * (P - 1) / P, 2 * (P - 1) + 2 * rounds,
-                    "[2k(P-1)/P, 6k(P-1)/P]")
+        return Cost(2 * k * (P - 1) / P, (4 * c + 2) * k * (P - 1) / P, (2 * c + 2) * k * (P - 1) / P,
+                    2 * (P - 1) + 2 * rounds, "[2k(P-1)/P, 6k(P-1)/P]" if c == 1 else f"[2k, {4 * c + 2:g}k](P-1)/P")
 
     # ------------------------------------------------------------------ one step
-    def exchange(self, acc: torch.Tensor) -> Exchange:
+    def exchange(self, acc: torch.Tensor) -> SparseUpdate:
         comm, k = self.comm, self.k
         repartition = self._repartition_due()
         figures = {f"{d}_{phase}": 0.0 for phase in PHASES for d in ("bytes_recv", "bytes_sent", "seconds")}
@@ -267,7 +277,7 @@ class OkTopk(SparseCompressor):
         above = torch.stack([(vals.abs() >= local_threshold_used * (1 + ELASTICITY_STEP)).sum(),
                              (all_vals.abs() >= global_threshold_used * (1 + ELASTICITY_STEP)).sum()]).tolist()
         local_elasticity, global_elasticity = elasticity(count_local, above[0]), elasticity(count_global, above[1])
-        self.local_control.update(count_local, k, local_elasticity)
+        self.local_control.update(count_local, self.k_local, local_elasticity)
         self.global_control.update(count_global, k, global_elasticity)
         self.sparse_steps += 1
 
@@ -293,7 +303,7 @@ class OkTopk(SparseCompressor):
             allgather_imbalance_after=imbalance_after,
         )
         comm_seconds_global = figures["seconds_global_threshold"] + figures["seconds_global_count"]
-        return Exchange(
+        return SparseUpdate(
             indices=all_idx,
             values=all_vals,
             applied=applied,
@@ -319,7 +329,7 @@ class OkTopk(SparseCompressor):
 
     def _select_local(self, acc: torch.Tensor, due: bool):
         """(selected indices, sorted; acc at them; recomputed exactly?; was that the guard?)."""
-        k = self.k
+        k = self.k_local
         if not due:
             idx, vals = threshold_select(acc, self.local_control.threshold)
             if in_guard_band(idx.numel(), k):

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sparse_asr.compression.base import Compressor, Cost, StepStats, all_finite, dense_allreduce_bytes
+from sparse_asr.compression.base import Compressor, Cost, ErrorFeedback, StepStats
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class PowerSGD(Compressor):
         self.layout = plan(self.shapes, o.matrix_approximation_rank, o.min_compression_rate)
         f32 = dict(dtype=torch.float32, device=self.device)
         # Everything below is state a checkpoint must carry to resume exactly.
-        self.error = torch.zeros(self.numel, **f32) if o.use_error_feedback else None
+        self.memory = ErrorFeedback(self.numel, self.device) if o.use_error_feedback else None
         self.p_memory = torch.zeros(self.layout.p_words, **f32)
         self.q_memory = torch.zeros(self.layout.q_words, **f32)
         self.q_drawn = False  # Q holds last step's (averaged) Q, to start from with warm_start
@@ -183,16 +183,28 @@ class PowerSGD(Compressor):
                 f"{' (torch_compatible)' if o.torch_compatible else ''}")
 
     # ------------------------------------------------------------------ one step
+    @property
+    def error(self) -> torch.Tensor | None:
+        """The error fed back (None without error feedback)."""
+        return None if self.memory is None else self.memory.residual
+
     def step(self, flat_grad: torch.Tensor) -> StepStats:
-        # As in SparseCompressor.step: the trainer skips non-finite steps before calling us.
-        if not all_finite(flat_grad):
-            raise FloatingPointError(f"{self.name}: non-finite gradient reached the compressor")
+        layout = self.layout
+        with self.comm.measure() as moved:
+            t0 = time.perf_counter()
+            self.compress_(flat_grad)
+            seconds = time.perf_counter() - t0
+        words = layout.words
+        return self.stats(moved, words, words, seconds - moved.seconds, k=words,  # selection: compression compute
+                          extra={"compressed_tensors": float(len(layout.matrices)),
+                                 "uncompressed_entries": float(layout.uncompressed_words),
+                                 "compression_rate": self.numel / words if words else 1.0})
+
+    def compress_(self, flat_grad: torch.Tensor) -> None:
+        """flat_grad (+ the error fed back) becomes its rank-r approximation averaged over ranks, in place."""
         comm, layout, eps = self.comm, self.layout, self.options.orthogonalization_epsilon
-        before = comm.counts()
-        t0 = time.perf_counter()
-        if self.error is not None:
-            flat_grad += self.error
-            self.error.copy_(flat_grad)  # holds acc until the update is known
+        if self.memory is not None:
+            flat_grad.copy_(self.memory.accumulate(flat_grad))  # acc, in both until the update is known
         matrices = [flat_grad[m.offset:m.offset + m.rows * m.cols].view(1, m.rows, m.cols) for m in layout.matrices]
 
         if layout.uncompressed:
@@ -222,30 +234,11 @@ class PowerSGD(Compressor):
             for p, q, m in zip(self.ps, self.qs, matrices):
                 torch.bmm(p, q.transpose(1, 2), out=m)
 
-        if self.error is not None:
-            self.error -= flat_grad
+        if self.memory is not None:
+            self.memory.applied_update(flat_grad)
             if not self.options.torch_compatible:  # an exact average leaves no error to feed back
                 for o, n in layout.uncompressed:
-                    self.error[o:o + n] = 0.0
-        moved = comm.counts() - before
-        words = layout.words
-        return StepStats(
-            algorithm=self.name,
-            dense=False,
-            numel=self.numel,
-            k=words,
-            selected_local=words,
-            selected_global=words,
-            bytes_sent=moved.bytes_sent,
-            bytes_recv=moved.bytes_recv,
-            messages=moved.msgs_sent,
-            seconds_select=time.perf_counter() - t0 - moved.seconds,  # compression compute
-            seconds_comm=moved.seconds,
-            dense_bytes=dense_allreduce_bytes(self.numel, comm.size),
-            extra={"compressed_tensors": float(len(layout.matrices)),
-                   "uncompressed_entries": float(layout.uncompressed_words),
-                   "compression_rate": self.numel / words if words else 1.0},
-        )
+                    self.memory.residual[o:o + n] = 0.0
 
     def _draw_q(self) -> None:
         """Fresh orthonormal Q's, the same on every rank (same seed, same draws)."""
@@ -262,8 +255,8 @@ class PowerSGD(Compressor):
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         state = {"q_memory": self.q_memory.detach().cpu().clone(), "q_drawn": self.q_drawn}
-        if self.error is not None:
-            state["error"] = self.error.detach().cpu().clone()
+        if self.memory is not None:
+            state["error"] = self.memory.residual.detach().cpu().clone()
         if self.options.torch_compatible:
             kind, keys, pos, has_gauss, cached = self.seeds.get_state()
             state["seeds"] = {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),

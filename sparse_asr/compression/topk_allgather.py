@@ -6,7 +6,7 @@ and receives the others' (P-1)k' pairs (2k(P-1) words in the paper's model).
 """
 import torch
 
-from sparse_asr.compression.base import (Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, sum_pairs,
+from sparse_asr.compression.base import (Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, pair_bytes, sum_pairs,
                                          unpack_pairs)
 from sparse_asr.compression.selection import topk_indices
 
@@ -19,11 +19,11 @@ class TopkAllgather(SparseCompressor):
         words = 2 * k * (P - 1)
         return Cost(words, words, words, P - 1, "2k(P-1)")
 
-    def exchange(self, acc: torch.Tensor) -> Exchange:
+    def exchange(self, acc: torch.Tensor) -> SparseUpdate:
         with Timer() as t:
             local = topk_indices(acc, self.k)
             send = pack_pairs(local.to(self.index_dtype), acc[local])
         nbytes = local.numel() * pair_bytes(self.index_dtype)  # identical on every rank
         received, _ = self.comm.allgatherv(send, counts=[nbytes] * self.comm.size)
         indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype))
-        return Exchange(indices, values, applied=local, selected_local=local.numel(), seconds_select=t.seconds)
+        return SparseUpdate(indices, values, applied=local, selected_local=local.numel(), seconds_select=t.seconds)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sparse_asr.compression.base import (Cost, Exchange, SparseCompressor, Timer, pack_pairs, pair_bytes, sum_pairs,
+from sparse_asr.compression.base import (Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, pair_bytes, sum_pairs,
                                          unpack_pairs)
 from sparse_asr.compression.selection import topk_indices
 
@@ -57,7 +57,7 @@ class TopkDSA(SparseCompressor):
         return Cost(4 * k * (P - 1) / P, 2 * k * (P - 1) / P + min(2 * k * (P - 1), n * (P - 1) / P), typical,
                     2 * (P - 1), "[4k(P-1)/P, 2k(P-1)/P + min(2k(P-1), n(P-1)/P)]")
 
-    def exchange(self, acc: torch.Tensor) -> Exchange:
+    def exchange(self, acc: torch.Tensor) -> SparseUpdate:
         P, r = self.comm.size, self.comm.rank
         pb = pair_bytes(self.index_dtype)
         with Timer() as t:
@@ -96,7 +96,7 @@ class TopkDSA(SparseCompressor):
                 j_idx, j_val = unpack_pairs(chunk, self.index_dtype)
                 indices.append(j_idx.long())
                 values.append(j_val)
-        return Exchange(
+        return SparseUpdate(
             torch.cat(indices),
             torch.cat(values),
             applied=local,

@@ -171,6 +171,16 @@ class BucketingSampler(torch.utils.data.Sampler):
         yield from self._rank_batches()[self.start_batch:]
 
 
+@dataclass
+class TrainingData:
+    """A run's datasets and this rank's sampler of the training set."""
+
+    train: SpeechDataset
+    dev: SpeechDataset | None
+    test: SpeechDataset | None
+    sampler: BucketingSampler
+
+
 def make_loader(dataset: SpeechDataset, sampler: BucketingSampler, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
     """DataLoader that runs `sampler`'s batches through `collate`."""
     return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,

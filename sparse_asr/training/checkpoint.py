@@ -124,7 +124,7 @@ def save_training_state(comm, checkpoint_dir: str | Path, state: TrainingState, 
         files = {name: entry for part, _ in reports for name, entry in part.items()}
         try:
             fsync_dir(target)  # the renames of every rank's file are durable before the manifest says so
-            write_manifest(target, state, comm.size, files)
+            write_index(target, state, comm.size, files)
         except OSError:
             shutil.rmtree(target, ignore_errors=True)
             raise
@@ -165,7 +165,8 @@ def write_hashed(path: Path, obj: dict) -> dict:
     return hashing
 
 
-def write_manifest(directory: Path, state: TrainingState, world_size: int, files: dict) -> None:
+def write_index(directory: Path, state: TrainingState, world_size: int, files: dict) -> None:
+    """The checkpoint's index (manifest.json, written last): every file's size and SHA-256, step, config."""
     expected = {SHARED} | {rank_file(r) for r in range(world_size)}
     if set(files) != expected:
         raise OSError(f"checkpoint {directory}: files {sorted(files)} were written, expected {sorted(expected)}")
@@ -233,7 +234,8 @@ def find_checkpoint(path: str | Path) -> Path:
     raise FileNotFoundError(f"checkpoint {path} does not exist")
 
 
-def read_manifest(directory: str | Path) -> dict:
+def read_index(directory: str | Path) -> dict:
+    """A checkpoint's index (manifest.json: files, sizes, SHA-256, step, config), checked for form."""
     path = Path(directory) / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -278,18 +280,23 @@ def file_sha256(path: Path) -> str:
 def load_shared(path: str | Path) -> tuple[dict, dict]:
     """(manifest, shared part: model, optimizer, progress, ...) of a checkpoint; what evaluate.py needs."""
     directory = find_checkpoint(path)
-    manifest = read_manifest(directory)
+    manifest = read_index(directory)
     return manifest, load_verified(directory, manifest, SHARED)
+
+
+def check_world_size(directory: Path, manifest: dict, world_size: int) -> None:
+    if manifest["world_size"] != world_size:
+        raise CheckpointError(f"checkpoint {directory} was written by {manifest['world_size']} ranks but this job "
+                              f"has {world_size}: per-rank compressor state (residuals) cannot be redistributed; "
+                              f"launch it with mpiexec -n {manifest['world_size']}")
 
 
 def load_training_state(comm, path: str | Path) -> TrainingState:
     """Collective: this rank's view of a checkpoint (the shared file and its own shard, both verified).
     Raises on every rank if any rank's files are missing or corrupted, so no rank goes on alone."""
     directory = find_checkpoint(path)
-    manifest = read_manifest(directory)
-    if manifest["world_size"] != comm.size:
-        raise CheckpointError(f"checkpoint {directory} was written by {manifest['world_size']} ranks but this job "
-                              f"has {comm.size}: per-rank compressor state (residuals) cannot be redistributed")
+    manifest = read_index(directory)
+    check_world_size(directory, manifest, comm.size)
 
     def load() -> TrainingState:
         shared = load_verified(directory, manifest, SHARED)

@@ -1,7 +1,7 @@
 """Experiment configuration: YAML -> dataclasses, every key validated, `a.b=value` overrides (DESIGN 8).
 
     cfg = load_config("configs/an4_cpu.yaml", ["compression.algorithm=oktopk", "train.epochs=3"])
-    cfg = resolve_for_run(cfg, comm)   # real world size, run name; identical on every rank or an error
+    cfg = launch.resolve_for_run(cfg, comm)   # real world size, run name; identical on every rank or an error
 
 A file may start from another one: `include: base.yaml` (a path relative to the including file) is read
 first and the including file's keys are merged over it, section by section (the including file wins; the
@@ -15,7 +15,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import time
+import math
+
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,91 +28,124 @@ class ConfigError(ValueError):
     pass
 
 
+def setting(default=None, rule=None, must: str = "", resume_safe: bool = False, factory=None):
+    """A config field with its rule beside it: `rule(value)` must hold (`must` says what, in the error), and
+    `resume_safe` marks the keys a resumed run may change: how a run is watched, where it runs and how long it
+    goes on, never what it computes step by step (training/resume.py)."""
+    metadata = {"rule": rule, "must": must, "resume_safe": resume_safe}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def positive(v) -> bool:
+    return v >= 1
+
+
+def natural(v) -> bool:
+    return v >= 0
+
+
 @dataclass
 class ModelConfig:
-    name: str = "lstman4_small"  # a key of models.MODELS
+    name: str = setting("lstman4_small")  # a key of models.MODELS
     # BatchNorm statistics over all ranks' valid frames (forward and backward), as one process on the
     # global batch would compute them; false = each rank's own (the paper's setup)
-    sync_batchnorm: bool = False
+    sync_batchnorm: bool = setting(False)
 
 
 @dataclass
 class DataConfig:
-    train_manifest: str = "manifests/an4_train.csv"
-    dev_manifest: str = "manifests/an4_dev.csv"
-    test_manifest: str = "manifests/an4_test.csv"  # "" = no test evaluation at the end
-    num_workers: int = 0  # DataLoader worker processes per rank (features are computed on the fly)
+    train_manifest: str = setting("manifests/an4_train.csv")
+    dev_manifest: str = setting("manifests/an4_dev.csv")
+    test_manifest: str = setting("manifests/an4_test.csv")  # "" = no test evaluation at the end
+    # DataLoader worker processes per rank (features are computed on the fly)
+    num_workers: int = setting(0, natural, "must be >= 0", resume_safe=True)
     # Quick runs: keep only the N shortest utterances (0 = all) of train, and of dev and test.
-    max_train_utterances: int = 0
-    max_eval_utterances: int = 0
+    max_train_utterances: int = setting(0, natural, "must be >= 0 (0 = all)")
+    max_eval_utterances: int = setting(0, natural, "must be >= 0 (0 = all)")
     # SpecAugment-style masking of the TRAINING features (dev/test never): N bands of width uniform in
     # [0, width] bins / frames set to 0 (time bands at most time_mask_max_fraction of the utterance).
-    freq_masks: int = 0  # 0 = no frequency masking
-    freq_mask_width: int = 15
-    time_masks: int = 0  # 0 = no time masking
-    time_mask_width: int = 25
-    time_mask_max_fraction: float = 0.1
+    freq_masks: int = setting(0, natural, "must be >= 0 (0 = off)")
+    freq_mask_width: int = setting(15, positive, "must be >= 1")
+    time_masks: int = setting(0, natural, "must be >= 0 (0 = off)")
+    time_mask_width: int = setting(25, positive, "must be >= 1")
+    time_mask_max_fraction: float = setting(0.1, lambda v: 0 < v <= 1, "must be in (0, 1]")
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 30
+    epochs: int = setting(30, positive, "must be >= 1", resume_safe=True)
     # Exactly one of the two batch sizes is set. global_batch_size: summed over ranks, fixed whatever the rank
     # count (must be divisible by it). batch_per_rank: weak scaling, as the original code's per-worker
     # --batch-size; the global batch resolves to batch_per_rank x ranks (and the default 32 is then unused).
-    global_batch_size: typing.Optional[int] = 32
-    batch_per_rank: typing.Optional[int] = None
-    eval_batch_size: int = 32  # global, for dev/test evaluation
-    eval_every_epochs: int = 1  # 0 = never evaluate on dev during training
-    log_every_steps: int = 10
-    max_nonfinite_in_row: int = 5  # stop the run after this many skipped (non-finite) steps in a row
-    checksum_every: int = 0  # debug: check every N steps that all replicas hold identical parameters (0 = off)
-    checkpoint_every_steps: int = 0  # also checkpoint every N optimizer steps (0 = only at epoch ends)
-    keep_checkpoints: int = 2  # newest step checkpoints kept on disk (plus the ones last and best point at)
-    resume: str = ""  # run or checkpoint directory to continue; "auto" = continue `name` if it has a checkpoint
-    threads: int = 0  # torch CPU threads per rank; 0 = OMP_NUM_THREADS if set, else cores / ranks on the node
+    global_batch_size: typing.Optional[int] = setting(32, lambda v: v is None or v >= 1, "must be >= 1")
+    batch_per_rank: typing.Optional[int] = setting(None, lambda v: v is None or v >= 1, "must be >= 1 or null")
+    eval_batch_size: int = setting(32, positive, "must be >= 1", resume_safe=True)  # global, for dev/test
+    # 0 = never evaluate on dev during training
+    eval_every_epochs: int = setting(1, natural, "must be >= 0", resume_safe=True)
+    log_every_steps: int = setting(10, positive, "must be >= 1", resume_safe=True)
+    # stop the run after this many skipped (non-finite) steps in a row
+    max_nonfinite_in_row: int = setting(5, positive, "must be >= 1", resume_safe=True)
+    # debug: check every N steps that all replicas hold identical parameters (0 = off)
+    checksum_every: int = setting(0, natural, "must be >= 0", resume_safe=True)
+    # also checkpoint every N optimizer steps (0 = only at epoch ends)
+    checkpoint_every_steps: int = setting(0, natural, "must be >= 0", resume_safe=True)
+    # newest step checkpoints kept on disk (plus the ones last and best point at)
+    keep_checkpoints: int = setting(2, positive, "must be >= 1", resume_safe=True)
+    # run or checkpoint directory to continue; "auto" = continue `name` if it has a checkpoint
+    resume: str = setting("")
+    # torch CPU threads per rank; 0 = OMP_NUM_THREADS if set, else cores / ranks on the node
+    threads: int = setting(0, natural, "must be >= 0", resume_safe=True)
     # fp32, or bf16: forward and loss under torch.autocast(bfloat16). Master weights, the flat gradient
     # buffer, communication and evaluation stay float32 (CTC loss takes float32 log-probabilities).
-    precision: str = "fp32"
+    precision: str = setting("fp32", lambda v: v in ("fp32", "bf16"), "must be fp32 or bf16")
     # Wall-clock budget of the training loop (batch jobs with a walltime, fixed-time comparisons): the run
     # stops after the epoch past which the next one would likely overrun it, and is then dev- and
     # test-scored and checkpointed as usual (resumable). 0 = no limit. Startup and the test scoring come on top.
-    max_minutes: float = 0.0
+    max_minutes: float = setting(0.0, natural, "must be >= 0 (0 = no limit)", resume_safe=True)
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 3e-4  # SGD learning rate after warm-up
-    momentum: float = 0.9
-    nesterov: bool = True
-    weight_decay: float = 1e-4
-    max_grad_norm: float = 400.0  # clip the synchronised gradient to this L2 norm (0 = no clipping)
-    lr_warmup_steps: int = 100  # linear warm-up of the learning rate over the first N optimizer steps
-    lr_anneal: float = 1.1  # learning rate divided by this after every epoch (1.0 = constant)
+    lr: float = setting(3e-4, lambda v: v > 0, "must be > 0")  # SGD learning rate after warm-up
+    momentum: float = setting(0.9, lambda v: 0 <= v < 1, "must be in [0, 1)")
+    nesterov: bool = setting(True)  # (needs momentum > 0)
+    weight_decay: float = setting(1e-4, natural, "must be >= 0")
+    # clip the synchronised gradient to this L2 norm (0 = no clipping)
+    max_grad_norm: float = setting(400.0, natural, "must be >= 0 (0 = no clipping)")
+    # linear warm-up of the learning rate over the first N optimizer steps
+    lr_warmup_steps: int = setting(100, natural, "must be >= 0")
+    # learning rate divided by this after every epoch (1.0 = constant)
+    lr_anneal: float = setting(1.1, lambda v: v >= 1.0, "must be >= 1.0")
 
 
 @dataclass
 class CompressionConfig:
-    algorithm: str = "dense"  # a key of compression.COMPRESSORS
-    density: float = 0.01  # fraction of gradient entries in the global update (ignored by dense)
+    algorithm: str = setting("dense")  # a key of compression.COMPRESSORS
+    # fraction of gradient entries in the global update (ignored by dense)
+    density: float = setting(0.01, lambda v: 0 < v <= 1, "must be in (0, 1]")
     # Optimizer steps that use dense allreduce before switching to `algorithm`. "auto" = 5% of the
     # run's optimizer steps (rounded down; a fraction, not a constant, so short runs still compress).
-    warmup_steps: typing.Union[int, str] = "auto"
+    warmup_steps: typing.Union[int, str] = setting("auto", lambda v: v == "auto" or (isinstance(v, int) and v >= 0),
+                                                   "must be 'auto' or an integer >= 0")
     # Average the one-dimensional parameters (biases, BatchNorm scales: 0.15% of lstman4's entries, 0.46% of
     # lstman4_small's) by dense allreduce beside `algorithm`, which then compresses only the weight
     # matrices and kernels (its k is still density x all entries).
-    dense_1d: bool = False
-    options: dict = field(default_factory=dict)  # keyword arguments of the compressor's constructor
+    dense_1d: bool = setting(False)
+    options: dict = setting(factory=dict)  # keyword arguments of the compressor's constructor
 
 
 @dataclass
 class DistributedConfig:
-    world_size: typing.Optional[int] = None  # if set, must equal the real MPI size; resolved to it
-    cuda_aware_mpi: bool = False  # pass CUDA buffers straight to MPI (else staged through host memory)
-    device: str = "auto"  # auto (cuda if available), cpu or cuda
+    # if set, must equal the real MPI size; resolved to it
+    world_size: typing.Optional[int] = setting(None, lambda v: v is None or v >= 1, "must be >= 1 or null")
+    # pass CUDA buffers straight to MPI (else staged through host memory)
+    cuda_aware_mpi: bool = setting(False, resume_safe=True)
+    device: str = setting("auto", lambda v: v in ("auto", "cpu", "cuda"), "must be auto, cpu or cuda")
     # Watchdog: end the job when one MPI call has waited this many seconds (a rank stopped, hung or dead
     # would otherwise hold every other rank forever). 0 = off (the default): see README "On a cluster".
-    timeout_s: float = 0.0
+    timeout_s: float = setting(0.0, natural, "must be >= 0 (0 = no watchdog)", resume_safe=True)
 
 
 @dataclass
@@ -304,48 +338,38 @@ def _coerce(value, hint, key: str, where):
 
 
 def _check_values(cfg: Config, where) -> None:
-    def require(ok: bool, key: str, message: str):
-        if not ok:
-            raise ConfigError(f"{where(key)}: {key} {message}, got {_get_dotted(cfg, key)!r}")
+    """Every field's own rule (beside it, in its `setting`), finite floats everywhere, then the rules that
+    tie fields together."""
+    def fail(key: str, message: str):
+        raise ConfigError(f"{where(key)}: {key} {message}, got {_get_dotted(cfg, key)!r}")
 
-    t, o, c, d = cfg.train, cfg.optim, cfg.compression, cfg.distributed
-    require("/" not in cfg.name and cfg.name not in (".", ".."), "name", "must be a plain directory name")
-    require(t.epochs >= 1, "train.epochs", "must be >= 1")
-    require(t.global_batch_size is None or t.global_batch_size >= 1, "train.global_batch_size", "must be >= 1")
-    require(t.batch_per_rank is None or t.batch_per_rank >= 1, "train.batch_per_rank", "must be >= 1 or null")
-    require(t.eval_batch_size >= 1, "train.eval_batch_size", "must be >= 1")
-    require(t.eval_every_epochs >= 0, "train.eval_every_epochs", "must be >= 0")
-    require(t.log_every_steps >= 1, "train.log_every_steps", "must be >= 1")
-    require(t.max_nonfinite_in_row >= 1, "train.max_nonfinite_in_row", "must be >= 1")
-    require(t.checksum_every >= 0, "train.checksum_every", "must be >= 0")
-    require(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps", "must be >= 0")
-    require(t.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
-    require(t.threads >= 0, "train.threads", "must be >= 0")
-    require(t.precision in ("fp32", "bf16"), "train.precision", "must be fp32 or bf16")
-    require(t.max_minutes >= 0, "train.max_minutes", "must be >= 0 (0 = no limit)")
-    require(cfg.data.num_workers >= 0, "data.num_workers", "must be >= 0")
-    require(cfg.data.max_train_utterances >= 0, "data.max_train_utterances", "must be >= 0 (0 = all)")
-    require(cfg.data.max_eval_utterances >= 0, "data.max_eval_utterances", "must be >= 0 (0 = all)")
-    require(cfg.data.freq_masks >= 0, "data.freq_masks", "must be >= 0 (0 = off)")
-    require(cfg.data.freq_mask_width >= 1, "data.freq_mask_width", "must be >= 1")
-    require(cfg.data.time_masks >= 0, "data.time_masks", "must be >= 0 (0 = off)")
-    require(cfg.data.time_mask_width >= 1, "data.time_mask_width", "must be >= 1")
-    require(0 < cfg.data.time_mask_max_fraction <= 1, "data.time_mask_max_fraction", "must be in (0, 1]")
-    require(o.lr > 0, "optim.lr", "must be > 0")
-    require(0 <= o.momentum < 1, "optim.momentum", "must be in [0, 1)")
-    require(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
-    require(o.max_grad_norm >= 0, "optim.max_grad_norm", "must be >= 0 (0 = no clipping)")
-    require(o.lr_warmup_steps >= 0, "optim.lr_warmup_steps", "must be >= 0")
-    require(o.lr_anneal >= 1.0, "optim.lr_anneal", "must be >= 1.0")
-    require(not o.nesterov or o.momentum > 0, "optim.nesterov", "needs optim.momentum > 0")
-    require(0 < c.density <= 1, "compression.density", "must be in (0, 1]")
-    require(c.warmup_steps == "auto" or (isinstance(c.warmup_steps, int) and c.warmup_steps >= 0),
-            "compression.warmup_steps", "must be 'auto' or an integer >= 0")
-    require(d.world_size is None or d.world_size >= 1, "distributed.world_size", "must be >= 1 or null")
-    require(d.device in ("auto", "cpu", "cuda"), "distributed.device", "must be auto, cpu or cuda")
-    require(d.timeout_s >= 0, "distributed.timeout_s", "must be >= 0 (0 = no watchdog)")
+    for key, f, value in _fields(cfg):
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(key, "must be a finite number")
+        rule = f.metadata.get("rule")
+        if rule is not None and not rule(value):
+            fail(key, f.metadata["must"])
+    if "/" in cfg.name or cfg.name in (".", ".."):
+        fail("name", "must be a plain directory name")
+    if cfg.optim.nesterov and cfg.optim.momentum <= 0:
+        fail("optim.nesterov", "needs optim.momentum > 0")
     _check_model(cfg.model.name, where)
-    _check_compression(c, where)
+    _check_compression(cfg.compression, where)
+
+
+def _fields(node, prefix: str = ""):
+    """(dotted key, dataclass field, value) of every setting of a config, sections descended."""
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _fields(value, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, f, value
+
+
+def resume_safe_keys() -> tuple[str, ...]:
+    """The dotted keys a resumed run may change (their settings say resume_safe)."""
+    return tuple(key for key, f, _ in _fields(Config()) if f.metadata.get("resume_safe"))
 
 
 def _check_model(name: str, where) -> None:
@@ -411,34 +435,6 @@ def resolve_world_size(cfg: Config, world_size: int) -> Config:
         raise ConfigError(f"train.global_batch_size={t.global_batch_size} is not divisible by the {world_size} "
                           f"ranks (choose a rank count that divides it, or set train.batch_per_rank instead)")
     return dataclasses.replace(cfg, train=t, distributed=dataclasses.replace(cfg.distributed, world_size=world_size))
-
-
-def resolve_for_run(cfg: Config, comm) -> Config:
-    """Record the real world size and global batch (resolve_world_size) and the run name (timestamp from
-    rank 0), then check that every rank holds the identical resolved config."""
-    cfg = resolve_world_size(cfg, comm.size)
-    name = cfg.name
-    if not name:
-        timestamp = comm.bcast_object(time.strftime("%Y%m%d-%H%M%S") if comm.rank == 0 else None)
-        name = default_run_name(cfg, comm.size, timestamp)
-    cfg = dataclasses.replace(cfg, name=name)
-    check_same_on_all_ranks(cfg, comm)
-    return cfg
-
-
-def check_same_on_all_ranks(cfg: Config, comm) -> None:
-    """Allgather a hash of the config; if any rank differs, every rank raises naming the keys."""
-    digests = comm.allgather_object(config_digest(cfg))
-    if len(set(digests)) == 1:
-        return
-    every = comm.allgather_object(flatten(to_dict(cfg)))
-    lines = []
-    for r, flat in enumerate(every):
-        for key in sorted(set(flat) | set(every[0])):
-            if flat.get(key) != every[0].get(key):
-                lines.append(f"  {key}: rank 0 has {every[0].get(key)!r}, rank {r} has {flat.get(key)!r}")
-    raise ConfigError("the configuration differs between ranks (every rank must run the same config):\n"
-                      + "\n".join(lines))
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

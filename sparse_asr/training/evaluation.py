@@ -1,6 +1,6 @@
 """Sharded evaluation: every rank scores a disjoint share of the set, the error sums are allreduced.
 
-Greedy CTC decoding; corpus WER/CER and the mean per-utterance WER from sparse_asr.training.metrics (DESIGN 7).
+Greedy CTC decoding; corpus WER/CER and the mean per-utterance WER from sparse_asr.training.scoring (DESIGN 7).
 Used by the trainer (dev every few epochs, test at the end) and by evaluate.py.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from sparse_asr.data.dataset import BucketingSampler, make_loader
 from sparse_asr.data.text import BLANK, greedy_decode
-from sparse_asr.training.metrics import ErrorCounts, word_errors
+from sparse_asr.training.scoring import ErrorCounts, word_errors
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from sparse_asr.training.logging import gather_rows
 
 
 def broadcast_state(comm, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -30,7 +29,7 @@ def check_replicas(comm, params: list[torch.Tensor], step: int) -> None:
     """Cheap checksum of all parameters, compared over ranks; replicas must be bit-identical."""
     with torch.no_grad():
         sums = torch.stack([torch.stack([p.double().sum(), p.double().abs().sum()]) for p in params]).sum(0)
-    table = gather_rows(comm, sums.cpu())
+    table = comm.gather_rows(sums.cpu())
     spread = (table.max(0).values - table.min(0).values).max().item()
     if spread != 0.0:
         raise RuntimeError(f"replicas differ at optimizer step {step}: parameter checksums per rank "

@@ -16,44 +16,41 @@ import dataclasses
 from pathlib import Path
 
 from sparse_asr.fileio import atomic_write
-from sparse_asr.training.checkpoint import (CheckpointError, complete_checkpoints, find_checkpoint, read_manifest,
-                                            step_of)
+from sparse_asr.training.checkpoint import (CheckpointError, check_world_size, complete_checkpoints, find_checkpoint,
+                                            read_index, step_of)
 from sparse_asr.training.config import (Config, ConfigError, build_config, flatten, load_config, parse_override,
-                                        resolve_world_size, to_dict)
+                                        resolve_world_size, resume_safe_keys, to_dict)
 
-# Keys that change how a run is watched or how long it goes on, not what it computes step by step.
-SAFE_TO_CHANGE = ("train.epochs", "train.max_minutes", "train.eval_every_epochs", "train.eval_batch_size",
-                  "train.log_every_steps", "train.checkpoint_every_steps", "train.keep_checkpoints",
-                  "train.checksum_every", "train.max_nonfinite_in_row", "train.threads", "data.num_workers",
-                  "distributed.cuda_aware_mpi", "distributed.timeout_s")
+# Keys that change how a run is watched or how long it goes on, not what it computes step by step: the
+# settings marked resume_safe in config.py.
+SAFE_TO_CHANGE = resume_safe_keys()
 # Keys that describe where and how the run was started, not its training: never compared.
 LOCATION_KEYS = ("name", "out_dir", "train.resume", "distributed.world_size")
 
 
-def config_for_run(config_path: str | None, overrides: list[str], resume: str, world_size: int) -> tuple[Config, str]:
-    """The config this job runs and the checkpoint directory it continues from ("" = a fresh start).
-    `resume`: "" (then train.resume of the config), a run or checkpoint directory, or "auto"."""
+def config_for_run(config_path: str | None, overrides: list[str], resume: str,
+                   world_size: int) -> tuple[Config, str, list[str]]:
+    """The config this job runs, the checkpoint directory it continues from ("" = a fresh start) and the
+    config keys changed since that checkpoint. `resume`: "" (then train.resume of the config), a run or
+    checkpoint directory, or "auto"."""
     requested = load_config(config_path, overrides) if config_path else None
     given = dict(parse_override(o) for o in overrides)
     resume = resume or (requested.train.resume if requested else str(given.get("train.resume") or ""))
     if not resume:
         if requested is None:
             raise ConfigError("--config is required to start a run (only --resume RUN_DIR may leave it out)")
-        return requested, ""
+        return requested, "", []
     asked = resume
     if resume == "auto":
         if requested is None or not requested.name:
             raise ConfigError("--resume auto (train.resume=auto) needs --config and an explicit run name "
                               "(name=NAME): it continues OUT_DIR/NAME if that has a checkpoint, else starts it")
         if not (requested.run_dir / "checkpoints" / "last").exists():
-            return dataclasses.replace(requested, train=dataclasses.replace(requested.train, resume=asked)), ""
+            return dataclasses.replace(requested, train=dataclasses.replace(requested.train, resume=asked)), "", []
         resume = str(requested.run_dir)
     directory = find_checkpoint(resume)
-    manifest = read_manifest(directory)
-    if manifest["world_size"] != world_size:
-        raise CheckpointError(f"checkpoint {directory} was written by {manifest['world_size']} ranks but this job "
-                              f"has {world_size}: per-rank compressor state (residuals) cannot be redistributed; "
-                              f"launch it with mpiexec -n {manifest['world_size']}")
+    manifest = read_index(directory)
+    check_world_size(directory, manifest, world_size)
     run_dir = run_dir_of(directory)
     newer = newer_checkpoints(directory, manifest["step"])
     if newer:
@@ -83,7 +80,7 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str, w
         for section in sections:
             node = node[section]
         node[last] = value
-    return build_config(raw, source=source), str(directory)
+    return build_config(raw, source=source), str(directory), changed
 
 
 def run_dir_of(directory: Path) -> Path:

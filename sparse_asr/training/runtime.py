@@ -157,15 +157,20 @@ USER_ERRORS = (ConfigError, ManifestError, AudioError, CheckpointError, FileNotF
 def run_or_abort(comm, fn, *args):
     """Run fn(*args); any exception on any rank prints `rank R: <type>: <message>` to stderr (with a
     traceback unless it is one of USER_ERRORS), then aborts the MPI job so the other ranks (possibly
-    inside a collective) end too."""
+    inside a collective) end too. A user error (a bad config, manifest, checkpoint) is usually the same on
+    every rank: the other ranks wait before printing theirs, so rank 0's abort leaves one copy, not P."""
     try:
         return fn(*args)
     except BaseException as e:  # noqa: BLE001 -- including KeyboardInterrupt: the job must end
         if isinstance(e, SystemExit) and not e.code:
             raise
-        print(f"rank {comm.rank}: {type(e).__name__}" + (f": {e}" if str(e) else ""), file=sys.stderr, flush=True)
-        if os.environ.get("SPARSE_ASR_TRACEBACK") == "1" or not isinstance(e, USER_ERRORS):
-            traceback.print_exc()
+        user_error = isinstance(e, USER_ERRORS) and os.environ.get("SPARSE_ASR_TRACEBACK") != "1"
+        if user_error and comm.rank != 0:
+            time.sleep(3.0)  # rank 0, if it failed alike, has aborted the job by now
+        message = f"rank {comm.rank}: {type(e).__name__}" + (f": {e}" if str(e) else "")
+        if not user_error:
+            message += "\n" + "".join(traceback.format_exception(e)).rstrip()
+        os.write(2, (message + "\n").encode())  # one write: two ranks' lines never merge into one
         sys.stderr.flush()
         if comm.size > 1:
             time.sleep(1.0)  # let the launcher forward this message before MPI_Abort tears the job down

@@ -7,7 +7,8 @@ import numpy as np
 
 from sparse_asr.comm import Communicator
 from sparse_asr.data.dataset import BucketingSampler
-from sparse_asr.training.config import load_config, resolve_for_run
+from sparse_asr.training.config import load_config
+from sparse_asr.training.launch import resolve_for_run
 from sparse_asr.training.runtime import run_or_abort
 
 

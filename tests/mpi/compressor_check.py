@@ -10,8 +10,7 @@ recomputes, in numpy, every rank's accumulated gradient and the expected result.
     from step 2 on);
   - mass conservation from the compressors' own outputs: P * update + sum of residuals after ==
     sum of (residual before + gradient), in float64;
-  - bytes sent and received equal the per-algorithm volumes of the reference exactly;
-  - a non-finite gradient raises and leaves the residual untouched.
+  - bytes sent and received equal the per-algorithm volumes of the reference exactly.
 And compression.dense_1d (DenseVectors) around Ok-Topk and TopkA: the 1-D parameters' entries are the exact
 mean over ranks, the rest is bitwise what the bare compressor makes of the gradient with those entries
 zeroed, their residual stays 0, and the bytes are the bare compressor's plus one ring allreduce of them.
@@ -55,7 +54,7 @@ def check_case(comm, name, density, options):
         where = f"{name} density={density} P={P} rank={rank} step={step}"
 
         accs = [ref_residuals[q] + grads[q] for q in range(P)]  # float32, as the compressor adds
-        expected = reference.expected(accs, comp.k, density, options)
+        expected = reference.expected(accs, comp.k, density, options, step)
         total, indices, applied = expected.total, expected.indices, expected.applied
 
         # The update: reference sum / P, the same bits on every rank.
@@ -99,19 +98,6 @@ def check_case(comm, name, density, options):
 
     if reference.extra_check is not None:  # the cases are built to exercise these branches
         reference.extra_check(density, P, extras)
-
-    # Non-finite input raises and leaves the residual as it was (no communication happens).
-    if sparse:
-        kept = comp.residual.clone()
-        bad = torch.from_numpy(gradient(STEPS, rank))
-        bad[7] = float("nan")
-        try:
-            comp.step(bad)
-        except FloatingPointError:
-            pass
-        else:
-            raise AssertionError(f"{name}: a NaN gradient did not raise")
-        assert torch.equal(comp.residual, kept), f"{name}: residual changed by a rejected step"
 
 
 SHAPES = [torch.Size([37]), torch.Size([40, 50]), torch.Size([5]), torch.Size([29, 33])]  # 2999 entries

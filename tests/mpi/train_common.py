@@ -1,5 +1,6 @@
 """Helpers shared by the trainer tests (pytest files and the scripts run under mpiexec): tiny, fast
-training runs of lstman4_tiny on a few real AN4 utterances, driven through train.py's own `run`."""
+training runs of lstman4_tiny on a few real AN4 utterances, driven through the package's run_job (what
+train.py runs)."""
 from __future__ import annotations
 
 import hashlib
@@ -27,27 +28,38 @@ def tiny_overrides(manifests: Path, out_dir: Path, name: str, **settings) -> lis
     return [f"{k}={v}" for k, v in values.items()]
 
 
-def run_training(overrides: list[str], comm=None, resume: str = "", config: Path | None = SMOKE_CONFIG) -> dict:
-    """train.py's run() in this process (no abort on error: the exception propagates); config=None with
-    `resume`: the run's own config."""
-    import train
+def run_training(overrides: list[str], comm=None, resume: str = "", config: Path | None = SMOKE_CONFIG,
+                 overwrite: bool = False) -> dict:
+    """A whole training job in this process, as train.py runs it (no abort on error: the exception
+    propagates); config=None with `resume`: the run's own config."""
     from sparse_asr.comm import Communicator
+    from sparse_asr.training.launch import run_job
 
-    argv = (["--config", str(config)] if config else []) + overrides + (["--resume", resume] if resume else [])
-    return train.run(train.parse_args(argv), comm or Communicator())
+    return run_job(comm or Communicator(), str(config) if config else None, overrides, resume, overwrite)
 
 
 def train_and_keep(overrides: list[str], comm):
     """Like run_training, but returns the Trainer after fit() (to inspect its replicas)."""
-    import train
-    from sparse_asr.training.config import load_config, resolve_for_run
+    from sparse_asr.training.config import load_config
+    from sparse_asr.training.launch import resolve_for_run
+    from sparse_asr.training.launch import start_run
 
-    trainer = train.build_trainer(resolve_for_run(load_config(SMOKE_CONFIG, overrides), comm), comm)
+    trainer = start_run(resolve_for_run(load_config(SMOKE_CONFIG, overrides), comm), comm)
     try:
         trainer.fit()
     finally:
         trainer.log.close()
     return trainer
+
+
+def run_job_or_abort(overrides: list[str]) -> None:
+    """Under mpiexec: the job as train.py's main runs it (any rank's exception aborts them all)."""
+    from sparse_asr.comm import Communicator
+    from sparse_asr.training.launch import run_job
+    from sparse_asr.training.runtime import run_or_abort
+
+    comm = Communicator()
+    run_or_abort(comm, run_job, comm, str(SMOKE_CONFIG), overrides)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -8,9 +8,8 @@ Prints 'INJECTED <unix time>' to stderr just before raising, so the test can tim
 import sys
 import time
 
-import train
 from sparse_asr.comm import Communicator
-from tests.mpi.train_common import SMOKE_CONFIG, tiny_overrides
+from tests.mpi.train_common import run_job_or_abort, tiny_overrides
 from sparse_asr.training.trainer import Trainer
 
 original = Trainer.train_step
@@ -28,5 +27,5 @@ if __name__ == "__main__":
     P = Communicator().size
     overrides = tiny_overrides(sys.argv[1], sys.argv[2], "fail", train__global_batch_size=4 * P,
                                data__max_train_utterances=16 * P, train__epochs=3)
-    train.main(["--config", str(SMOKE_CONFIG), *overrides])
+    run_job_or_abort(overrides)
     print("rank finished normally (it should not)", flush=True)

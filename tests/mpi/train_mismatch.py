@@ -5,12 +5,11 @@ error naming the differing key, and the job must end with a non-zero exit.
 """
 import sys
 
-import train
 from sparse_asr.comm import Communicator
-from tests.mpi.train_common import SMOKE_CONFIG, tiny_overrides
+from tests.mpi.train_common import run_job_or_abort, tiny_overrides
 
 if __name__ == "__main__":
     comm = Communicator()
     overrides = tiny_overrides(sys.argv[1], sys.argv[2], "mismatch", seed=comm.rank)
-    train.main(["--config", str(SMOKE_CONFIG), *overrides])
+    run_job_or_abort(overrides)
     print("rank finished normally (it should not)", flush=True)

@@ -2,7 +2,10 @@
 distributed.timeout_s set, the other ranks' watchdog must end the whole job within seconds, naming the
 MPI call that waited; without it, the job would hang forever.
 
-    mpiexec -n P python -m tests.mpi.train_stall MANIFEST_DIR OUT_DIR TIMEOUT_S
+    mpiexec -n P python -m tests.mpi.train_stall MANIFEST_DIR OUT_DIR TIMEOUT_S [startup]
+
+With `startup`, rank 1 stops before the job's first collective (resolving the config), as a node that
+stalls while the job starts up: the watchdog must cover start-up too.
 
 Prints 'STOPPING <unix time>' to stderr just before the stop, so the test can time the shutdown.
 """
@@ -11,10 +14,11 @@ import signal
 import sys
 import time
 
-import train
 from sparse_asr.comm import Communicator
+from sparse_asr.training import launch
+from sparse_asr.training.launch import resolve_for_run
 from sparse_asr.training.trainer import Trainer
-from tests.mpi.train_common import SMOKE_CONFIG, tiny_overrides
+from tests.mpi.train_common import run_job_or_abort, tiny_overrides
 
 original = Trainer.train_step
 
@@ -26,11 +30,20 @@ def train_step(self, batch):
     return original(self, batch)
 
 
+def stop_at_startup(cfg, comm):
+    if comm.rank == 1:
+        print(f"STOPPING {time.time()}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return resolve_for_run(cfg, comm)
+
+
 if __name__ == "__main__":
     Trainer.train_step = train_step
+    if sys.argv[4:] == ["startup"]:
+        launch.resolve_for_run = stop_at_startup
     P = Communicator().size
     overrides = tiny_overrides(sys.argv[1], sys.argv[2], "stall", train__global_batch_size=4 * P,
                                data__max_train_utterances=16 * P, train__epochs=3,
                                distributed__timeout_s=sys.argv[3])
-    train.main(["--config", str(SMOKE_CONFIG), *overrides])
+    run_job_or_abort(overrides)
     print("rank finished normally (it should not)", flush=True)

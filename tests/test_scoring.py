@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from sparse_asr.training.metrics import ErrorCounts, char_errors, word_errors
+from sparse_asr.training.scoring import ErrorCounts, char_errors, word_errors
 
 
 def reference_edit_distance(a, b):

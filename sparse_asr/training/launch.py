@@ -1,0 +1,217 @@
+"""Starting a process and a run: the one path from a config to a running Trainer (DESIGN 8).
+
+    setup_process   one rank's device, CPU threads and precision check (train.py, evaluate.py, the benches)
+    start_run       everything before the training loop, in the order that lets it refuse a run without
+                    writing anything: the checkpoint first, then the data (every audio header checked), the
+                    model, the compressor (its warm-up length taken from the checkpoint), the checkpoint's fit
+                    to them, and only then the run directory, the logger and the Trainer, each built once
+    run_job         a whole training job: config (and resume) -> start_run -> Trainer.fit(), what train.py runs
+
+Any exception on any rank ends the whole job (runtime.run_or_abort around run_job).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from sparse_asr.compression import Compressor, build_compressor, warmup_steps
+from sparse_asr.data.audio import SpecAugment
+from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, TrainingData
+from sparse_asr.data.manifest import read_manifest
+from sparse_asr.fileio import atomic_write_text
+from sparse_asr.models import build_model
+from sparse_asr.training.checkpoint import (CheckpointError, TrainingState, check_state_fits, load_training_state,
+                                            on_every_rank)
+from sparse_asr.training.config import (Config, ConfigError, config_digest, default_run_name, flatten,
+                                        resolve_world_size, to_dict, to_yaml)
+from sparse_asr.training.resume import config_for_run, drop_metrics_after
+from sparse_asr.training.rundir import clear_previous_run, previous_run_message
+from sparse_asr.training.runlog import RunLogger
+from sparse_asr.training.runtime import (Watchdog, check_manifest_audio, local_rank_and_size, pick_device,
+                                         precision_problem, seed_everything, set_threads)
+from sparse_asr.training.trainer import Trainer
+
+
+@dataclass
+class Process:
+    device: torch.device
+    threads: int  # torch CPU threads of this rank
+    local_rank: int
+    local_size: int  # ranks on this node
+
+
+def setup_process(comm, device: str = "auto", threads: int = 0, precision: str = "fp32",
+                  cuda_aware: bool = False) -> Process:
+    """This rank's device (one GPU per rank by local rank), CPU threads (no oversubscription) and a refusal,
+    naming the machine, of a precision it cannot run."""
+    comm.cuda_aware = cuda_aware
+    local_rank, local_size = local_rank_and_size(comm)
+    picked = pick_device(device, local_rank)
+    if problem := precision_problem(precision, picked):
+        raise ConfigError(problem)
+    return Process(picked, set_threads(threads, local_size), local_rank, local_size)
+
+
+def resolve_for_run(cfg: Config, comm) -> Config:
+    """Record the real world size and global batch (resolve_world_size) and the run name (timestamp from
+    rank 0), then check that every rank holds the identical resolved config."""
+    cfg = resolve_world_size(cfg, comm.size)
+    name = cfg.name
+    if not name:
+        timestamp = comm.bcast_object(time.strftime("%Y%m%d-%H%M%S") if comm.rank == 0 else None)
+        name = default_run_name(cfg, comm.size, timestamp)
+    cfg = replace(cfg, name=name)
+    check_same_on_all_ranks(cfg, comm)
+    return cfg
+
+
+def check_same_on_all_ranks(cfg: Config, comm) -> None:
+    """Allgather a hash of the config; if any rank differs, every rank raises naming the keys."""
+    digests = comm.allgather_object(config_digest(cfg))
+    if len(set(digests)) == 1:
+        return
+    every = comm.allgather_object(flatten(to_dict(cfg)))
+    lines = []
+    for r, flat in enumerate(every):
+        for key in sorted(set(flat) | set(every[0])):
+            if flat.get(key) != every[0].get(key):
+                lines.append(f"  {key}: rank 0 has {every[0].get(key)!r}, rank {r} has {flat.get(key)!r}")
+    raise ConfigError("the configuration differs between ranks (every rank must run the same config):\n"
+                      + "\n".join(lines))
+
+
+def read_split(manifest: str, limit: int):
+    """A manifest's utterances, or only its `limit` shortest (quick runs; 0 = all)."""
+    df = read_manifest(manifest)
+    if limit:
+        df = df.sort_values(["duration", "utt_id"], kind="stable").head(limit)
+    return df
+
+
+def load_data(cfg: Config, comm) -> tuple[TrainingData, str]:
+    """The run's datasets and its sampler, every audio header checked on the ranks together; and a line
+    saying what was loaded."""
+    d = cfg.data
+    frames = {"train": read_split(d.train_manifest, d.max_train_utterances),
+              "dev": read_split(d.dev_manifest, d.max_eval_utterances)}
+    if d.test_manifest:
+        frames["test"] = read_split(d.test_manifest, d.max_eval_utterances)
+    if len(frames["train"]) < cfg.train.global_batch_size:
+        raise ConfigError(f"data.train_manifest {d.train_manifest} gives {len(frames['train'])} utterances"
+                          + (f" (data.max_train_utterances={d.max_train_utterances})" if d.max_train_utterances else "")
+                          + f", fewer than one global batch (train.global_batch_size={cfg.train.global_batch_size})")
+    augment = SpecAugment(d.freq_masks, d.freq_mask_width, d.time_masks, d.time_mask_width, d.time_mask_max_fraction)
+    train = SpeechDataset(frames["train"], augment=augment, seed=cfg.seed)
+    data = TrainingData(train, SpeechDataset(frames["dev"]), SpeechDataset(frames["test"]) if "test" in frames else None,
+                make_sampler(cfg, comm, train))
+    t0 = time.perf_counter()
+    checked = check_manifest_audio(comm, list(frames.values()))
+    seconds = time.perf_counter() - t0
+    said = (f"data: {len(data.train)} train, {len(data.dev)} dev, {len(data.test) if data.test else 0} test "
+            f"utterances; audio of {checked} manifest rows checked in {seconds:.2f} s on {comm.size} rank(s)")
+    return data, said
+
+
+def make_sampler(cfg: Config, comm, train: SpeechDataset) -> BucketingSampler:
+    return BucketingSampler(train.durations, cfg.train.global_batch_size, comm.rank, comm.size, seed=cfg.seed,
+                            shuffle=True, drop_last=True)
+
+
+def make_compressor(cfg: Config, comm, model: torch.nn.Module, device, warmup: int) -> Compressor:
+    """The configured gradient exchange for the model's trainable parameters, behind `warmup` dense steps."""
+    c = cfg.compression
+    shapes = [p.shape for p in model.parameters() if p.requires_grad]
+    return build_compressor(c.algorithm, comm, sum(s.numel() for s in shapes), c.density, device, shapes=shapes,
+                            warmup=warmup, dense_1d=c.dense_1d, **c.options)
+
+
+def bare_trainer(cfg: Config, comm, model: torch.nn.Module, train: SpeechDataset, device) -> Trainer:
+    """A Trainer for benches and tests that call train_step themselves: no dev or test set, no run directory
+    (a disabled logger), the configured warm-up resolved as for a run of this data."""
+    sampler = make_sampler(cfg, comm, train)
+    warmup = warmup_steps(cfg.compression.warmup_steps, sampler.batches_per_epoch * cfg.train.epochs)
+    return Trainer(cfg, comm, model, make_compressor(cfg, comm, model, device, warmup), TrainingData(train, None, None, sampler),
+                   device, RunLogger(cfg.run_dir, enabled=False))
+
+
+def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False) -> Trainer:
+    """Collective: the Trainer of a resolved config, restored from the checkpoint `resume` when given. All
+    that can refuse the run is checked on every rank before the run directory is touched; `overwrite`
+    deletes a previous run's files there first."""
+    process = setup_process(comm, cfg.distributed.device, cfg.train.threads, cfg.train.precision,
+                            cfg.distributed.cuda_aware_mpi)
+    seed_everything(cfg.seed)
+    state = load_training_state(comm, resume) if resume else None  # every file verified, on every rank
+    if state is not None and state.config["model"]["name"] != cfg.model.name:
+        raise ConfigError(f"checkpoint {resume} holds model {state.config['model']['name']!r}, "
+                          f"the config asks for {cfg.model.name!r}")
+    data, data_line = load_data(cfg, comm)
+    model = build_model(cfg.model.name, sync_bn=comm if cfg.model.sync_batchnorm else None)
+    # The warm-up length is fixed when a run starts ('auto' depends on train.epochs, which a resume may change).
+    warmup = (state.extra["warmup_steps"] if state is not None else
+              warmup_steps(cfg.compression.warmup_steps, data.sampler.batches_per_epoch * cfg.train.epochs))
+    compressor = make_compressor(cfg, comm, model, process.device, warmup)
+    if state is not None:  # refused on every rank if the checkpoint does not fit this run
+        on_every_rank(comm, lambda: check_fits(state, model, compressor, resume))
+
+    # Nothing was written before this line.
+    removed = clear_previous_run(cfg.run_dir) if overwrite and comm.rank == 0 else []
+    if state is not None and comm.rank == 0:
+        drop_metrics_after(cfg.run_dir, state.extra["metrics_rows"])  # rows a crashed run wrote after the checkpoint
+    # TensorBoard readers drop the crashed run's events from step + 1 on; the checkpoint step's own points stay.
+    log = RunLogger(cfg.run_dir, enabled=comm.rank == 0, purge_step=state.progress.step + 1 if state else None)
+    if comm.rank == 0:
+        atomic_write_text(cfg.run_dir / "config.yaml", to_yaml(cfg))
+    log.info(f"run {cfg.run_dir} on {comm.size} rank(s), device {process.device}, {process.threads} CPU thread(s) "
+             f"per rank\n--- resolved config\n{to_yaml(cfg)}---")
+    if removed:
+        log.info(f"--overwrite: deleted the previous run's {', '.join(p.name for p in removed)} in {cfg.run_dir}")
+    log.info(data_line)
+    trainer = Trainer(cfg, comm, model, compressor, data, process.device, log)
+    if state is not None:
+        trainer.restore(state)
+        p = trainer.progress
+        log.info(f"resumed from {resume}: optimizer step {p.step}, epoch {p.epoch}, batch {p.batch_in_epoch}")
+    return trainer
+
+
+def check_fits(state: TrainingState, model: torch.nn.Module, compressor: Compressor, resume: str) -> None:
+    """A CheckpointError naming what differs when the checkpoint's model or compressor state has other keys or
+    shapes than this run's (e.g. a dense checkpoint resumed with a sparse compressor: no residual)."""
+    try:
+        check_state_fits("model", model.state_dict(), {**state.model, **state.mine.buffers})
+        check_state_fits("compressor", compressor.state_dict(), state.mine.compressor)
+    except CheckpointError as e:
+        raise CheckpointError(f"cannot resume from {resume}: {e}") from e
+
+
+def run_job(comm, config: str | None, overrides: list[str], resume: str = "", overwrite: bool = False) -> dict:
+    """Collective: a whole training job, as train.py's command line asks it; returns the last dev and test
+    summaries. `resume`: a run or checkpoint directory, 'auto', or '' (then the config's train.resume)."""
+    cfg, checkpoint, changed = config_for_run(config, overrides, resume, comm.size)  # (no collective yet)
+    # From the first collective on, a rank that stops (a stalled node) ends the job instead of hanging it.
+    watchdog = Watchdog(comm, cfg.distributed.timeout_s) if cfg.distributed.timeout_s and comm.size > 1 else None
+    try:
+        cfg = resolve_for_run(cfg, comm)
+        if overwrite and checkpoint and cfg.train.resume != "auto":
+            raise ConfigError("--overwrite starts the run afresh and --resume continues it: give one of them")
+        overwrite = overwrite and not checkpoint  # with --resume auto: only when there is nothing to continue
+        if not checkpoint and not overwrite:  # rank 0 looks (one filesystem), every rank refuses
+            refusal = comm.bcast_object(previous_run_message(cfg.run_dir) if comm.rank == 0 else None)
+            if refusal:
+                raise FileExistsError(refusal)
+        trainer = start_run(cfg, comm, resume=checkpoint, overwrite=overwrite)
+        if changed:
+            trainer.log.info(f"config keys changed since the checkpoint: {', '.join(changed)}")
+        try:
+            results = trainer.fit()
+        finally:
+            trainer.log.close()
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+    trainer.log.info(f"done: {cfg.run_dir}" + "".join(f"  {split} {k} {v:.4f}" for split, summary in results.items()
+                                                     for k, v in summary.items()))
+    return results
