@@ -23,11 +23,26 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
-        raise OSError(e.errno, f"could not write {path}: {e.strerror or e}") from e
+    except Exception as e:  # noqa: BLE001 -- torch.save turns a failed write into a RuntimeError
+        cause = os_error_in(e)
+        if cause is None:
+            raise
+        raise OSError(cause.errno, f"could not write {path}: {cause.strerror or cause}") from e
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def os_error_in(error: BaseException) -> OSError | None:
+    """The OSError behind `error` (itself, or what it was raised from or during), e.g. the ENOSPC under
+    torch.save's 'unexpected pos' RuntimeError; None if there is none."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def current_umask() -> int:

@@ -15,7 +15,7 @@ import torch
 
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import build_compressor
-from sparse_asr.training.checkpoint import (MANIFEST, CheckpointError, Progress, RankState, TrainingState,
+from sparse_asr.training.checkpoint import (MANIFEST, CheckpointError, Progress, RankState, TrainingState, index_digest,
                                             check_state_fits, find_checkpoint, load_shared, load_training_state,
                                             rng_state, save_training_state, set_rng_state)
 from sparse_asr.training.config import ConfigError, load_config, to_dict
@@ -124,8 +124,9 @@ def test_load_errors_are_clear(tmp_path):
     with pytest.raises(CheckpointError, match="run directory .*run has no finished checkpoint"):
         find_checkpoint(tmp_path / "run")
     directory = save_training_state(comm, tmp_path / "two", make_state(1))
-    manifest = json.loads((directory / MANIFEST).read_text())
-    (directory / MANIFEST).write_text(json.dumps({**manifest, "world_size": 2}))
+    manifest = {**json.loads((directory / MANIFEST).read_text()), "world_size": 2}
+    manifest["index_sha256"] = index_digest(manifest)  # as 2 ranks would have written it
+    (directory / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="written by 2 ranks but this job has 1"):
         load_training_state(comm, directory)
     (directory / MANIFEST).write_text("{ half a manifest")
@@ -219,6 +220,7 @@ def test_resume_a_checkpoint_written_before_a_key_existed(saved_run):
     manifest_path = saved_run / "checkpoints" / "last" / MANIFEST
     manifest = json.loads(manifest_path.read_text())
     del manifest["config"]["compression"]["dense_1d"]
+    del manifest["index_sha256"]  # an older version wrote no digest of the index either
     manifest["config"]["compression"].update(algorithm="oktopk", options={"local_threshold_interval": 16})
     manifest_path.write_text(json.dumps(manifest))
     for config in (None, str(SMOKE_CONFIG)):

@@ -2,11 +2,14 @@
 (file, line, key or machine), nothing lost, and an end (never a hang). Each case runs the real entry point
 the way a user would, in a subprocess."""
 import os
+import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
-from tests.mpi.train_common import SMOKE_CONFIG, tiny_overrides
+from tests.mpi.train_common import SMOKE_CONFIG, read_metrics, tiny_overrides
 
 
 def train_cli(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -51,3 +54,141 @@ def test_everything_a_run_writes_is_readable_by_the_group_as_the_umask_says(an4_
     assert set(modes.values()) == {"0o644"}, modes
     assert oct(stat.S_IMODE((tmp_path / "dev.csv").stat().st_mode)) == "0o644"
     assert oct(stat.S_IMODE((tmp_path / "dev_027.csv").stat().st_mode)) == "0o640"
+
+
+def test_a_second_job_in_a_run_directory_is_refused_naming_the_holder(an4_manifests, tmp_path):
+    """Two chained jobs started at once (`--resume auto name=dup` twice): the second is refused with the first's
+    host and PID, and writes nothing; a lock left by a job that died (no process holds it) is taken over."""
+    import socket
+
+    from sparse_asr.comm import Communicator
+    from sparse_asr.training.rundir import RunDirLock
+    from tests.mpi.train_common import run_training, tree_digest
+
+    overrides = tiny_overrides(an4_manifests, tmp_path, "dup", train__epochs=1)
+    run_training(overrides)
+    first = RunDirLock(tmp_path / "dup", Communicator())
+    first.acquire()  # the running job
+    before = tree_digest(tmp_path / "dup")
+    try:
+        with pytest.raises(FileExistsError, match=rf"run directory {tmp_path / 'dup'} is in use by the job on host "
+                                                   rf"{socket.gethostname()}, PID {os.getpid()}, started "):
+            run_training(overrides + ["train.epochs=2"], resume="auto")
+        assert tree_digest(tmp_path / "dup") == before
+    finally:
+        first.release()
+    (tmp_path / "dup" / ".lock").write_text("the job on host gone, PID 1, started long ago\n")  # it died
+    run_training(overrides + ["train.epochs=2"], resume="auto")
+    assert not (tmp_path / "dup" / ".lock").exists()
+    assert [m["epoch"] for m in read_metrics(tmp_path / "dup") if m["kind"] == "epoch"] == [1, 2]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs: a real full disk (ENOSPC). Needs root (CI and these machines run as root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_during_a_checkpoint_names_the_cause_and_the_file_and_leaves_no_step(an4_manifests,
+                                                                                         small_disk):
+    """torch.save's own error for a failed write is 'unexpected pos ...'; the job's is ENOSPC with the file."""
+    proc = train_cli(["--config", str(SMOKE_CONFIG), *tiny_overrides(an4_manifests, small_disk, "full"),
+                      "train.checkpoint_every_steps=2", "model.name=lstman4_small"])
+    assert proc.returncode == 1, proc.stderr
+    assert re.search(rf"rank 0: OSError: \[Errno 28\] checkpoint {small_disk}/full/checkpoints/step-\d+ not written: "
+                     rf"rank 0: \[Errno 28\] could not write {small_disk}/full/checkpoints/step-\d+/\S+\.pt: "
+                     r"No space left on device", proc.stderr), proc.stderr
+    assert "unexpected pos" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not list((small_disk / "full" / "checkpoints").glob("step-*"))  # no unfinished step directory
+
+
+def test_a_full_disk_during_logging_names_the_run_directory(tmp_path, small_disk):
+    from sparse_asr.training.runlog import RunLogger
+
+    log = RunLogger(small_disk / "run", enabled=True)
+    (small_disk / "filler").write_bytes(b"\0" * (2 * 2**20 - 8192))  # what is left of the disk: nothing much
+    with pytest.raises(OSError, match=rf"could not write metrics.jsonl or TensorBoard events in {small_disk}/run: "
+                                      r"No space left on device"):
+        for step in range(1000):
+            log.scalars("train", step, 0, {"train/loss": 1.0, "comm/bytes_recv": 2.0})
+
+
+def test_every_bad_manifest_row_is_named_at_once(an4_manifests, tmp_path):
+    """Three bad transcripts, or missing files in a legacy list, bad durations: one error listing every line,
+    not the first of them per attempt."""
+    from sparse_asr.data.dataset import SpeechDataset
+    from sparse_asr.data.manifest import ManifestError, read_manifest, write_manifest
+
+    df = read_manifest(an4_manifests / "an4_dev.csv").head(6).copy()
+    df.loc[1, "transcript"], df.loc[3, "transcript"], df.loc[4, "transcript"] = "HELLO 42", "", "NAÏVE"
+    write_manifest(df, tmp_path / "bad.csv")
+    with pytest.raises(ManifestError) as error:
+        SpeechDataset(tmp_path / "bad.csv")
+    message = str(error.value)
+    assert message.startswith("3 of 6 rows have transcripts that cannot be trained on"), message
+    assert all(f"bad.csv:{line} " in message for line in (3, 5, 6)), message  # header + 1-based rows
+
+    legacy = tmp_path / "legacy.csv"
+    txt = tmp_path / "t.txt"
+    txt.write_text("YES")
+    rows = [f"{a},{txt}" for a in df["audio"]]
+    rows[0], rows[2], rows[5] = f"/gone/a.wav,{txt}", f"/gone/b.wav,{txt}", f"/gone/c.wav,{txt}"
+    legacy.write_text("\n".join(rows) + "\n")
+    with pytest.raises(ManifestError) as error:
+        read_manifest(legacy)
+    message = str(error.value)
+    assert message.startswith(f"3 of 6 rows of {legacy} cannot be used:"), message
+    assert all(f"legacy.csv:{line}: audio file /gone/{name}.wav does not exist" in message
+               for line, name in ((1, "a"), (3, "b"), (6, "c"))), message
+
+    ours = tmp_path / "ours.csv"
+    lines = (an4_manifests / "an4_dev.csv").read_text().splitlines()[:5]
+    lines[2] = lines[2].replace(lines[2].split(",")[1], "long", 1)
+    lines[4] = lines[4].replace(lines[4].split(",")[1], "-1", 1)
+    ours.write_text("\n".join(lines).replace("../datasets", str(an4_manifests.parent.parent / "datasets")) + "\n")
+    with pytest.raises(ManifestError, match=r"2 of 4 rows of .*ours\.csv cannot be used:\n  .*ours\.csv:3: duration "
+                                            r"'long' is not a number\n  .*ours\.csv:5: duration must be a positive"):
+        read_manifest(ours)
+
+
+def test_resume_falls_back_to_the_newest_intact_checkpoint_and_refuses_an_edited_index(an4_manifests, tmp_path):
+    """`last` missing, dangling, or pointing at a step whose index is gone or was edited: a run directory resumes
+    from the newest intact checkpoint and says so; naming the damaged checkpoint itself is refused by name."""
+    import json
+    import shutil
+
+    from sparse_asr.training.checkpoint import CheckpointError, locate_checkpoint
+    from tests.mpi.train_common import run_training
+
+    overrides = tiny_overrides(an4_manifests, tmp_path, "fall", train__epochs=3, train__keep_checkpoints=5)
+    run_training(overrides)
+    checkpoints = tmp_path / "fall" / "checkpoints"
+    steps = sorted(checkpoints.glob("step-*"))
+    assert len(steps) == 3 and (checkpoints / "last").resolve() == steps[-1].resolve()
+
+    (checkpoints / "last").unlink()  # missing
+    found, note = locate_checkpoint(tmp_path / "fall")
+    assert found == steps[-1].resolve() and note.startswith(f"{checkpoints / 'last'} does not exist: continuing "
+                                                           f"from {steps[-1].name}"), note
+    index = steps[-1] / "manifest.json"
+    edited = json.loads(index.read_text())
+    edited["step"] += 1  # 'step' 36 -> 37 by hand
+    index.write_text(json.dumps(edited, indent=1))
+    with pytest.raises(CheckpointError, match=r"was edited or damaged: its content no longer matches its own SHA-256"):
+        run_training(overrides, resume=str(steps[-1]))
+    (checkpoints / "last").symlink_to(steps[-1].name)  # last -> the edited one
+    found, note = locate_checkpoint(tmp_path / "fall")
+    assert found == steps[-2].resolve() and "was edited or damaged" in note and steps[-2].name in note
+    shutil.rmtree(steps[-2])  # and the one before is gone altogether: a dangling link would be the same
+    (checkpoints / "last").unlink()
+    (checkpoints / "last").symlink_to(steps[-2].name)
+    assert locate_checkpoint(tmp_path / "fall")[0] == steps[0].resolve()
+    run_training(overrides + ["train.epochs=4"], resume=str(tmp_path / "fall"))  # continues from step-... epoch 1
+    epochs = [m["epoch"] for m in read_metrics(tmp_path / "fall") if m["kind"] == "epoch"]
+    assert epochs == [1, 2, 3, 4], epochs  # the rows after the checkpoint it continued from were replaced

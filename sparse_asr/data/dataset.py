@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from sparse_asr.data.audio import AudioError, FeatureExtractor, SpecAugment, load_audio
-from sparse_asr.data.manifest import read_manifest
+from sparse_asr.data.manifest import ManifestError, read_manifest
 from sparse_asr.data.text import text_to_ids
 
 
@@ -40,14 +40,18 @@ class SpeechDataset(torch.utils.data.Dataset):
         self.transcripts = df["transcript"].tolist()
         self.utt_ids = df["utt_id"].tolist()
         lines = df["line"].tolist() if "line" in df.columns else [f"row {i}" for i in range(len(df))]
-        self.targets = []
+        self.targets, problems = [], []
         for line, utt_id, transcript in zip(lines, self.utt_ids, self.transcripts):
             try:
                 self.targets.append(torch.tensor(text_to_ids(transcript), dtype=torch.long))
             except ValueError as e:
-                raise ValueError(f"{self.source}:{line} ({utt_id}): {e}") from None
+                problems.append(f"{self.source}:{line} ({utt_id}): {e}")
+                continue
             if len(self.targets[-1]) == 0:
-                raise ValueError(f"{self.source}:{line} ({utt_id}): empty transcript")
+                problems.append(f"{self.source}:{line} ({utt_id}): empty transcript")
+        if problems:  # every bad row at once: a user fixes them in one pass
+            raise ManifestError(f"{len(problems)} of {len(lines)} rows have transcripts that cannot be trained on:\n"
+                                + "\n".join(f"  {p}" for p in problems))
 
     def __len__(self) -> int:
         return len(self.audio)

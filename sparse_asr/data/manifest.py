@@ -71,16 +71,27 @@ def read_raw(path) -> RawManifest:
         raise ManifestError(
             f"{path}:1: neither our header {','.join(COLUMNS)!r} nor a legacy two-column row "
             f"(audio,transcript.txt): got {len(first)} fields {lines[0][1]!r}")
-    rows = []
+    rows, problems = [], []
     for line, fields in body:
         if not fields or (len(fields) == 1 and not fields[0].strip()):
             continue  # blank line
         if len(fields) != width:
-            raise ManifestError(f"{path}:{line}: expected {width} fields for a {fmt} manifest, got {len(fields)}: {fields!r}")
-        if any(not fields[i].strip() for i in PATH_FIELDS[fmt]):
-            raise ManifestError(f"{path}:{line}: empty path in {fields!r}")
-        rows.append((line, fields))
+            problems.append(f"{path}:{line}: expected {width} fields for a {fmt} manifest, got {len(fields)}: {fields!r}")
+        elif any(not fields[i].strip() for i in PATH_FIELDS[fmt]):
+            problems.append(f"{path}:{line}: empty path in {fields!r}")
+        else:
+            rows.append((line, fields))
+    raise_all(problems, len(body), path)
     return RawManifest(path, fmt, rows)
+
+
+def raise_all(problems: list[str], rows: int, path) -> None:
+    """One ManifestError listing every bad row (a user fixes them in one pass, not one per run)."""
+    if len(problems) == 1:
+        raise ManifestError(problems[0])
+    if problems:
+        raise ManifestError(f"{len(problems)} of {rows} rows of {path} cannot be used:\n"
+                            + "\n".join(f"  {p}" for p in problems))
 
 
 def resolve(path_field: str, manifest_dir) -> str:
@@ -93,7 +104,7 @@ def read_manifest(path) -> pd.DataFrame:
     speaker, plus `line` (its line in the file). `df.attrs["manifest"]` names the file."""
     raw = read_raw(path)
     base = raw.path.parent
-    records = []
+    records, problems = [], []
     for line, fields in raw.rows:
         where = f"{raw.path}:{line}"
         if raw.format == OURS:
@@ -101,7 +112,8 @@ def read_manifest(path) -> pd.DataFrame:
             try:
                 duration = float(duration)
             except ValueError:
-                raise ManifestError(f"{where}: duration {duration!r} is not a number") from None
+                problems.append(f"{where}: duration {duration!r} is not a number")
+                continue
             audio = resolve(audio, base)
         else:
             audio, txt = resolve(fields[0], base), resolve(fields[1], base)
@@ -112,13 +124,16 @@ def read_manifest(path) -> pd.DataFrame:
                     raise FileNotFoundError(f"audio file {audio} does not exist")
                 info = soundfile.info(audio)
             except (OSError, RuntimeError) as e:
-                raise ManifestError(f"{where}: {e} (repair paths with scripts/fix_manifest.py)") from None
+                problems.append(f"{where}: {e} (repair paths with scripts/fix_manifest.py)")
+                continue
             duration = info.frames / info.samplerate
             utt_id, speaker = Path(audio).stem, Path(audio).parent.name
         if not (math.isfinite(duration) and duration > 0):
-            raise ManifestError(f"{where}: duration must be a positive number, got {duration}")
+            problems.append(f"{where}: duration must be a positive number, got {duration}")
+            continue
         transcript = " ".join(transcript.split())
         records.append((audio, duration, transcript, utt_id.strip(), speaker.strip(), line))
+    raise_all(problems, len(raw.rows), raw.path)
     df = pd.DataFrame.from_records(records, columns=COLUMNS + ["line"])
     df["duration"] = df["duration"].astype(float)
     df.attrs["manifest"] = str(raw.path)

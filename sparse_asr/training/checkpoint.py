@@ -174,6 +174,7 @@ def write_index(directory: Path, state: TrainingState, world_size: int, files: d
     manifest = {"format_version": FORMAT_VERSION, "world_size": world_size, "step": p.step, "epoch": p.epoch,
                 "batch_in_epoch": p.batch_in_epoch, "config": state.config,
                 "files": {name: files[name] for name in sorted(files)}}
+    manifest["index_sha256"] = index_digest(manifest)
     atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     fsync_dir(directory)
 
@@ -216,15 +217,32 @@ def prune(checkpoint_dir: Path, keep: int) -> None:
 # ---------------------------------------------------------------------------------------- loading
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint directory `path` names: a checkpoint directory itself (checkpoints/last, best,
-    step-N) or a run directory (its checkpoints/last). Links are resolved."""
+    step-N) or a run directory (its newest intact checkpoint, see locate_checkpoint). Links are resolved."""
+    return locate_checkpoint(path)[0]
+
+
+def locate_checkpoint(path: str | Path) -> tuple[Path, str | None]:
+    """find_checkpoint's answer, and for a run directory whose checkpoints/last is missing, dangling or
+    damaged (a crash between a save and the link, a user's cleanup), a note saying which older checkpoint
+    is used instead: the newest whose index reads intact."""
     path = Path(path)
     if (path / MANIFEST).is_file():
-        return path.resolve()
+        return path.resolve(), None
     if (path / "checkpoints").is_dir():
         last = path / "checkpoints" / "last"
-        if not last.exists():
-            raise CheckpointError(f"run directory {path} has no finished checkpoint ({last} does not exist)")
-        return find_checkpoint(last)
+        try:
+            read_index(last)
+            return last.resolve(), None
+        except CheckpointError as e:
+            problem = f"{last} does not exist" if not last.is_symlink() and not last.exists() else str(e)
+        for candidate in reversed(complete_checkpoints(path / "checkpoints")):
+            try:
+                read_index(candidate)
+            except CheckpointError:
+                continue
+            return candidate.resolve(), f"{problem}: continuing from {candidate.name}, the newest intact checkpoint"
+        raise CheckpointError(f"run directory {path} has no finished checkpoint ({problem}, and no step-N "
+                              f"directory holds an intact index)")
     if path.is_file():
         raise CheckpointError(f"{path} is a file; checkpoints are directories (format {FORMAT_VERSION}): give "
                               f"the run directory or one of its checkpoints/ entries (last, best, step-N)")
@@ -248,7 +266,16 @@ def read_index(directory: str | Path) -> dict:
     missing = {"world_size", "step", "config", "files"} - set(manifest)
     if missing:
         raise CheckpointError(f"{path} lacks {', '.join(sorted(missing))}")
+    # (indexes written before the field existed carry no digest of their own: their files' are still checked)
+    if "index_sha256" in manifest and manifest["index_sha256"] != index_digest(manifest):
+        raise CheckpointError(f"{path} was edited or damaged: its content no longer matches its own SHA-256")
     return manifest
+
+
+def index_digest(manifest: dict) -> str:
+    """SHA-256 of an index's content, its own digest left out (so an edited step or file list is caught)."""
+    content = {k: v for k, v in manifest.items() if k != "index_sha256"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def load_verified(directory: Path, manifest: dict, name: str) -> dict:

@@ -27,7 +27,7 @@ from sparse_asr.training.checkpoint import (CheckpointError, TrainingState, chec
 from sparse_asr.training.config import (Config, ConfigError, config_digest, default_run_name, flatten,
                                         resolve_world_size, to_dict, to_yaml)
 from sparse_asr.training.resume import config_for_run, drop_metrics_after
-from sparse_asr.training.rundir import clear_previous_run, previous_run_message
+from sparse_asr.training.rundir import RunDirLock, clear_previous_run, previous_run_message
 from sparse_asr.training.runlog import RunLogger
 from sparse_asr.training.runtime import (Watchdog, check_manifest_audio, local_rank_and_size, pick_device,
                                          precision_problem, seed_everything, set_threads)
@@ -136,10 +136,10 @@ def bare_trainer(cfg: Config, comm, model: torch.nn.Module, train: SpeechDataset
                    device, RunLogger(cfg.run_dir, enabled=False))
 
 
-def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False) -> Trainer:
+def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False, lock: RunDirLock | None = None) -> Trainer:
     """Collective: the Trainer of a resolved config, restored from the checkpoint `resume` when given. All
-    that can refuse the run is checked on every rank before the run directory is touched; `overwrite`
-    deletes a previous run's files there first."""
+    that can refuse the run is checked on every rank before the run directory is touched; then `lock` (the
+    caller releases it) is taken; `overwrite` deletes a previous run's files there first."""
     process = setup_process(comm, cfg.distributed.device, cfg.train.threads, cfg.train.precision,
                             cfg.distributed.cuda_aware_mpi)
     seed_everything(cfg.seed)
@@ -157,6 +157,8 @@ def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False) -> T
         on_every_rank(comm, lambda: check_fits(state, model, compressor, resume))
 
     # Nothing was written before this line.
+    if lock is not None:
+        lock.acquire()
     removed = clear_previous_run(cfg.run_dir) if overwrite and comm.rank == 0 else []
     if state is not None and comm.rank == 0:
         drop_metrics_after(cfg.run_dir, state.extra["metrics_rows"])  # rows a crashed run wrote after the checkpoint
@@ -190,9 +192,10 @@ def check_fits(state: TrainingState, model: torch.nn.Module, compressor: Compres
 def run_job(comm, config: str | None, overrides: list[str], resume: str = "", overwrite: bool = False) -> dict:
     """Collective: a whole training job, as train.py's command line asks it; returns the last dev and test
     summaries. `resume`: a run or checkpoint directory, 'auto', or '' (then the config's train.resume)."""
-    cfg, checkpoint, changed = config_for_run(config, overrides, resume, comm.size)  # (no collective yet)
+    cfg, checkpoint, notes = config_for_run(config, overrides, resume, comm.size)  # (no collective yet)
     # From the first collective on, a rank that stops (a stalled node) ends the job instead of hanging it.
     watchdog = Watchdog(comm, cfg.distributed.timeout_s) if cfg.distributed.timeout_s and comm.size > 1 else None
+    lock = None
     try:
         cfg = resolve_for_run(cfg, comm)
         if overwrite and checkpoint and cfg.train.resume != "auto":
@@ -202,14 +205,17 @@ def run_job(comm, config: str | None, overrides: list[str], resume: str = "", ov
             refusal = comm.bcast_object(previous_run_message(cfg.run_dir) if comm.rank == 0 else None)
             if refusal:
                 raise FileExistsError(refusal)
-        trainer = start_run(cfg, comm, resume=checkpoint, overwrite=overwrite)
-        if changed:
-            trainer.log.info(f"config keys changed since the checkpoint: {', '.join(changed)}")
+        lock = RunDirLock(cfg.run_dir, comm)
+        trainer = start_run(cfg, comm, resume=checkpoint, overwrite=overwrite, lock=lock)
+        for note in notes:
+            trainer.log.info(note)
         try:
             results = trainer.fit()
         finally:
             trainer.log.close()
     finally:
+        if lock is not None:
+            lock.release()
         if watchdog is not None:
             watchdog.stop()
     trainer.log.info(f"done: {cfg.run_dir}" + "".join(f"  {split} {k} {v:.4f}" for split, summary in results.items()

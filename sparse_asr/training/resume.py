@@ -16,7 +16,7 @@ import dataclasses
 from pathlib import Path
 
 from sparse_asr.fileio import atomic_write
-from sparse_asr.training.checkpoint import (CheckpointError, check_world_size, complete_checkpoints, find_checkpoint,
+from sparse_asr.training.checkpoint import (CheckpointError, check_world_size, complete_checkpoints, locate_checkpoint,
                                             read_index, step_of)
 from sparse_asr.training.config import (Config, ConfigError, build_config, flatten, load_config, parse_override,
                                         resolve_world_size, resume_safe_keys, to_dict)
@@ -30,9 +30,9 @@ LOCATION_KEYS = ("name", "out_dir", "train.resume", "distributed.world_size")
 
 def config_for_run(config_path: str | None, overrides: list[str], resume: str,
                    world_size: int) -> tuple[Config, str, list[str]]:
-    """The config this job runs, the checkpoint directory it continues from ("" = a fresh start) and the
-    config keys changed since that checkpoint. `resume`: "" (then train.resume of the config), a run or
-    checkpoint directory, or "auto"."""
+    """The config this job runs, the checkpoint directory it continues from ("" = a fresh start) and notes
+    for the log (an older checkpoint used because the newest is damaged; the config keys changed since the
+    checkpoint). `resume`: "" (then train.resume of the config), a run or checkpoint directory, or "auto"."""
     requested = load_config(config_path, overrides) if config_path else None
     given = dict(parse_override(o) for o in overrides)
     resume = resume or (requested.train.resume if requested else str(given.get("train.resume") or ""))
@@ -48,7 +48,7 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str,
         if not (requested.run_dir / "checkpoints" / "last").exists():
             return dataclasses.replace(requested, train=dataclasses.replace(requested.train, resume=asked)), "", []
         resume = str(requested.run_dir)
-    directory = find_checkpoint(resume)
+    directory, fallback = locate_checkpoint(resume)
     manifest = read_index(directory)
     check_world_size(directory, manifest, world_size)
     run_dir = run_dir_of(directory)
@@ -80,7 +80,9 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str,
         for section in sections:
             node = node[section]
         node[last] = value
-    return build_config(raw, source=source), str(directory), changed
+    notes = ([fallback] if fallback else []) + ([f"config keys changed since the checkpoint: {', '.join(changed)}"]
+                                                 if changed else [])
+    return build_config(raw, source=source), str(directory), notes
 
 
 def run_dir_of(directory: Path) -> Path:
@@ -101,9 +103,17 @@ def check_location(requested: Config, overrides: list[str], run_dir: Path) -> No
 
 
 def newer_checkpoints(directory: Path, step: int) -> list[Path]:
-    """The run's finished checkpoints newer than `directory`, of optimizer step `step` (resuming from it
-    would abandon them)."""
-    return [d for d in complete_checkpoints(directory.parent) if step_of(d) > step]
+    """The run's intact checkpoints newer than `directory`, of optimizer step `step` (resuming from it
+    would abandon them; a damaged one is not worth keeping)."""
+    return [d for d in complete_checkpoints(directory.parent) if step_of(d) > step and intact_index(d)]
+
+
+def intact_index(directory: Path) -> bool:
+    try:
+        read_index(directory)
+        return True
+    except CheckpointError:
+        return False
 
 
 def drop_metrics_after(run_dir: Path, rows: int) -> int:

@@ -1,9 +1,14 @@
 """A run directory holds one run. A new run refuses to start in a directory holding a previous run's
 files (it would overwrite its checkpoints and config and append to its curves), unless it resumes that
-run or is asked to replace it (train.py --overwrite)."""
+run or is asked to replace it (train.py --overwrite). And one job at a time works in it: RunDirLock."""
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 import shutil
+import socket
+import time
 from pathlib import Path
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints")  # what train.py writes, besides the event files
@@ -41,3 +46,48 @@ def clear_previous_run(run_dir: str | Path) -> list[Path]:
         else:
             path.unlink()
     return found
+
+
+class RunDirLock:
+    """Collective: an exclusive lock on a run directory, held by rank 0 for the job's life, so that a second
+    job (a chained batch job submitted twice, `--resume auto` started beside a running job) is refused
+    instead of training beside the first in the same directory (its checkpoints and metrics would
+    interleave). An flock on RUN_DIR/.lock: the kernel releases it when the holder dies, however it dies,
+    so a lock file a dead job left behind is recognised as stale and taken over. The file names the holder
+    (host, PID, start time) for the refusal. On file systems without working flock across hosts (some NFS
+    mounts) it only excludes jobs on the same host."""
+
+    NAME = ".lock"
+
+    def __init__(self, run_dir: str | Path, comm):
+        self.path, self.comm, self.fd = Path(run_dir) / self.NAME, comm, None
+
+    def acquire(self) -> None:
+        """Take the lock (creating the run directory), or raise FileExistsError naming the holder on every rank."""
+        refusal = None
+        if self.comm.rank == 0:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "an unknown job"
+                os.close(fd)
+                refusal = (f"run directory {self.path.parent} is in use by {holder} (it holds {self.path}): "
+                           f"one job at a time per run directory; wait for it to end, or choose another name=")
+            else:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"the job on host {socket.gethostname()}, PID {os.getpid()}, started "
+                              f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+                self.fd = fd
+        refusal = self.comm.bcast_object(refusal)
+        if refusal:
+            raise FileExistsError(refusal)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(self.fd)  # (closing releases the flock)
+            self.fd = None

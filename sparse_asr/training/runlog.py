@@ -12,6 +12,7 @@ import json
 import math
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -24,7 +25,7 @@ class RunLogger:
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            run_dir = Path(run_dir)
+            run_dir = self.run_dir = Path(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             # purge_step: on resume, TensorBoard readers drop the events a crashed run wrote at steps >= it
             self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
@@ -48,14 +49,25 @@ class RunLogger:
         dropped = sorted(set(values) - set(finite))
         if dropped:
             self.warn(f"step {step}: not logging non-finite {', '.join(dropped)}")
-        for tag, value in finite.items():
-            self.writer.add_scalar(tag, value, step)
         line = {"kind": kind, "step": step, "epoch": epoch, "time": time.time(), **finite}
-        self.jsonl.write(json.dumps(line, allow_nan=False) + "\n")
-        self.jsonl.flush()
+        with self.naming_the_run_dir():
+            for tag, value in finite.items():
+                self.writer.add_scalar(tag, value, step)
+            self.jsonl.write(json.dumps(line, allow_nan=False) + "\n")
+            self.jsonl.flush()
         self.rows += 1
+
+    @contextmanager
+    def naming_the_run_dir(self):
+        """A failed write (a full disk, a quota) names the run directory, not just the errno."""
+        try:
+            yield
+        except OSError as e:
+            raise OSError(e.errno, f"could not write metrics.jsonl or TensorBoard events in {self.run_dir}: "
+                                   f"{e.strerror or e}") from e
 
     def close(self) -> None:
         if self.enabled:
-            self.writer.close()
-            self.jsonl.close()
+            with self.naming_the_run_dir():
+                self.writer.close()
+                self.jsonl.close()

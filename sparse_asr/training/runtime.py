@@ -3,6 +3,7 @@ audio check before training, and the rules that an exception on any rank ends th
 MPI call that never ends does too, with the watchdog (never a hang)."""
 from __future__ import annotations
 
+import errno
 import os
 import random
 import socket
@@ -152,6 +153,12 @@ class Watchdog:
 # a traceback unless SPARSE_ASR_TRACEBACK=1. Anything else is a bug or an environment problem: traceback.
 USER_ERRORS = (ConfigError, ManifestError, AudioError, CheckpointError, FileNotFoundError, FileExistsError,
                KeyboardInterrupt)
+# A disk or file system that refuses a write: the message names the file and the cause, no bug behind it.
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+
+
+def is_user_error(e: BaseException) -> bool:
+    return isinstance(e, USER_ERRORS) or (isinstance(e, OSError) and e.errno in STORAGE_ERRNOS)
 
 
 def run_or_abort(comm, fn, *args):
@@ -164,7 +171,7 @@ def run_or_abort(comm, fn, *args):
     except BaseException as e:  # noqa: BLE001 -- including KeyboardInterrupt: the job must end
         if isinstance(e, SystemExit) and not e.code:
             raise
-        user_error = isinstance(e, USER_ERRORS) and os.environ.get("SPARSE_ASR_TRACEBACK") != "1"
+        user_error = is_user_error(e) and os.environ.get("SPARSE_ASR_TRACEBACK") != "1"
         if user_error and comm.rank != 0:
             time.sleep(3.0)  # rank 0, if it failed alike, has aborted the job by now
         message = f"rank {comm.rank}: {type(e).__name__}" + (f": {e}" if str(e) else "")

@@ -1,0 +1,659 @@
+"""Selection quality: how closely each gradient exchange's update follows dense training's, against the
+number of ranks P (issue 20, item 1).
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/selection_quality.py [--config configs/an4_cpu.yaml] \
+        [--ranks 1 2 4 8 16 32] [--densities 0.02 0.04] [--dense-steps 50] [--steps 100] \
+        [--out bench/results/selection_quality.md] [key.sub=value ...]
+
+The model trains densely, as the config says (its data order and masking, SGD, learning-rate schedule and
+clipping): `--dense-steps` plain steps, then `--steps` steps during which every registered compressor and
+the oracle (below) run beside the dense training on the same per-rank gradients, for every P of --ranks and
+every density of --densities. Each (algorithm, P, density) is P simulated ranks (sparse_asr/comm/threads.py:
+one thread per rank, each with the project's Communicator and its byte counting) with its own residuals and
+its own shadow SGD momentum buffer; nothing they do feeds back into the model.
+
+Per-rank gradients: each global batch is cut as the trainer's sampler cuts it (rank r: the r-th contiguous
+slice). With synchronized BatchNorm (model.sync_batchnorm) a rank's gradient is the sum of its utterances'
+contributions to the gradient of the whole batch's loss, so the gradients of the finest cut (F = lcm of
+--ranks shards, computed by F simulated ranks with synchronized BatchNorm) give every coarser P's exactly,
+up to rounding, as means of F/P consecutive ones. With per-rank BatchNorm each P is computed on its own
+(slower). The model follows the dense mean gradient of the smallest P (with synchronized BatchNorm every P
+has the same one: the whole batch's). The global batch is the config's (train.global_batch_size, or
+batch_per_rank x the largest P) rounded up to a multiple of every P: an4_cpu.yaml's 16 becomes 32 for P up to
+32, one utterance per rank there; --global-batch sets it.
+
+Per step, for each (algorithm, P, density):
+  cos_update    cos(its update, the dense mean gradient of the same P per-rank gradients)
+  cos_momentum  cos(its shadow momentum buffer, dense's at the same P); both start from the model's buffer
+                when the sparse steps begin and take buf = momentum * buf + clipped update + weight_decay *
+                params, as the config's SGD does
+  owed          ||sum over ranks of the residuals / P|| / ||dense mean gradient||: the error-feedback mass
+                the ranks still owe the model, in steps of gradient (dense: 0)
+  applied       mean over ranks of (entries of the rank whose value entered the update) / (entries it
+                selected); dense 1; PowerSGD selects nothing: blank
+  contributors  (sum over ranks of applied entries) / (entries in the update): how many ranks' values an
+                updated entry carries on average, out of P (dense and oracle: P)
+  words         4-byte words received per rank (mean over ranks), as the Communicator counts them (DESIGN 3)
+  entries       entries in the update (the table gives them in units of k = density x parameters)
+The table gives the mean over the sparse steps and the last step's value.
+
+oracle: every rank accumulates acc = grad + residual; the update is the exact top-k of the ranks' mean acc,
+applied from every rank (each clears its residual there). At P = 1 it is Ok-Topk with exact thresholds, and
+TopkA. Its words are those of this implementation: a dense allreduce and a broadcast of the k indices.
+Compressors are bare (compression.dense_1d and warm-up do not apply; the dense steps are the warm-up) and use
+their default options; --variant adds an algorithm with other options as a row of its own.
+
+Outputs: the table (printed; --out FILE.md writes it), a plot of cos(update, dense) against P, one line per
+algorithm, one panel per density plus one against density at the largest P (FILE.png), and every step's
+figures (FILE.csv).
+
+Cost: simulating P ranks does P ranks' work, and for the allgather algorithms (TopkA, Gaussiank) one rank's
+work grows with P too (each rank sums the P k gathered pairs, compression.base.sum_pairs), so P = 32 dominates.
+CPU seconds per sparse step at lstman4_small, density 0.02, measured on this project's 2-core Xeon while it was
+shared: the compressors about 17.5 on AN4 gradients (on random ones: 13.6 at P = 32, of which TopkA 4.1,
+Gaussiank 4.5, TopkDSA 1.9, gTopk 1.4, Ok-Topk 0.8; 4.7 at P = 16; 1.8 at 8; 1.4 for P <= 4), the per-rank
+gradients of 32 one-utterance ranks 2.5 (every step), the measures 1. The default run needs 2,200 to 2,600 CPU
+seconds: about 20 minutes with both cores to itself. --ranks, --algorithms and --steps trim it (P <= 16:
+about 1,100 CPU seconds).
+Memory: a residual per rank and algorithm, about 3 GB at the defaults.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+
+from sparse_asr.comm import ThreadGroup
+from sparse_asr.compression import COMPRESSORS, Compressor, SparseCompressor, StepStats, build_compressor
+from sparse_asr.data.audio import SpecAugment
+from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
+from sparse_asr.data.manifest import read_manifest
+from sparse_asr.data.text import BLANK
+from sparse_asr.models import build_model
+from sparse_asr.training.config import load_config
+from sparse_asr.training.optim import (attach_flat_grad, build_optimizer, clip_grad_norm_, learning_rate,
+                                       set_learning_rate)
+from sparse_asr.training.runtime import cpu_model
+
+ORACLE = "oracle"
+WORD = 4  # bytes
+
+
+# ------------------------------------------------------------------------------------------- the oracle
+class Oracle(Compressor):
+    """The exact global top-k of the ranks' mean accumulated gradient, every rank's value applied there."""
+
+    name = ORACLE
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.residual = torch.zeros(self.numel, dtype=torch.float32, device=self.device)
+        self.applied = 0  # this rank's entries applied by the last step
+
+    def step(self, flat_grad: torch.Tensor) -> StepStats:
+        comm, k = self.comm, min(self.k, self.numel)
+        before = comm.counts()
+        self.residual += flat_grad
+        total = comm.allreduce_(self.residual.clone())  # the ranks' sum of acc, the same bits everywhere
+        t0 = time.perf_counter()
+        picked = torch.zeros(k, dtype=torch.int64, device=self.device)
+        if comm.rank == 0:  # one pick for all: every rank would pick the same from the same sum
+            picked = torch.topk(total.abs(), k, sorted=False).indices
+        seconds_select = time.perf_counter() - t0
+        comm.bcast_(picked)
+        flat_grad.zero_()
+        flat_grad[picked] = total[picked] / comm.size
+        self.residual[picked] = 0.0
+        self.applied = k
+        moved = comm.counts() - before
+        P = comm.size
+        return StepStats(algorithm=self.name, dense=False, numel=self.numel, k=self.k, selected_local=k,
+                         selected_global=k, bytes_sent=moved.bytes_sent, bytes_recv=moved.bytes_recv,
+                         messages=moved.msgs_sent, seconds_select=seconds_select, seconds_comm=moved.seconds,
+                         dense_bytes=2 * self.numel * WORD * (P - 1) // P)
+
+
+def residual_of(compressor: Compressor) -> torch.Tensor | None:
+    """A compressor's error-feedback memory (sparse algorithms' residual, PowerSGD's error); None for dense."""
+    for name in ("residual", "error"):
+        memory = getattr(compressor, name, None)
+        if memory is not None:
+            return memory
+    return None
+
+
+def applied_counter(compressor: Compressor):
+    """A function giving how many of this rank's entries the compressor's last step applied (their value
+    entered the update and left the residual): all for dense, None where nothing is selected (PowerSGD).
+    For sparse algorithms it is the size of the `applied` index set `exchange` returns (the entries the base
+    class clears from the residual), which StepStats does not carry: the instance's `exchange` is wrapped."""
+    if isinstance(compressor, Oracle):
+        return lambda: compressor.applied
+    if isinstance(compressor, SparseCompressor):
+        last = [0]
+        exchange = compressor.exchange
+
+        def exchange_and_count(acc):
+            result = exchange(acc)
+            last[0] = int(result.applied.numel())
+            return result
+
+        compressor.exchange = exchange_and_count
+        return lambda: last[0]
+    if compressor.name == "dense":
+        return lambda: compressor.numel
+    return lambda: None
+
+
+# ------------------------------------------------------------------------------------------- simulated ranks
+@dataclass
+class Algorithm:
+    """One row family of the table: a label, the registered algorithm (or the oracle) and its options."""
+
+    label: str
+    name: str
+    options: dict
+
+    @property
+    def uses_density(self) -> bool:
+        return self.name == ORACLE or COMPRESSORS[self.name].uses_density
+
+
+@dataclass
+class Run:
+    """One (algorithm, density) on P simulated ranks: a compressor per rank and the shadow momentum."""
+
+    algorithm: Algorithm
+    density: float | None  # None: the algorithm ignores density
+    compressors: list[Compressor]
+    applied: list  # per rank, applied_counter's function
+    momentum: ShadowMomentum | None = None  # set when the sparse steps begin
+
+
+@dataclass
+class RunStep:
+    """What one step of a Run gave: rank 0's update (every rank's is the same), each rank's StepStats and
+    applied count."""
+
+    update: torch.Tensor
+    stats: list[StepStats]
+    applied: list[int | None]
+
+
+def make_compressor(algorithm: Algorithm, comm, numel: int, density: float | None, shapes) -> Compressor:
+    if algorithm.name == ORACLE:
+        return Oracle(comm, numel, density, shapes=shapes, **algorithm.options)
+    return build_compressor(algorithm.name, comm, numel, density if density is not None else 1.0, shapes=shapes,
+                            **algorithm.options)
+
+
+class SimulatedRanks:
+    """P simulated ranks, each running every (algorithm, density) in turn on its own gradient."""
+
+    def __init__(self, P: int, algorithms: list[Algorithm], densities: list[float], numel: int, shapes,
+                 timeout_s: float = 300.0):
+        self.P = P
+        self.group = ThreadGroup(P, timeout_s)
+        self.runs = []
+        for algorithm in algorithms:
+            for density in densities if algorithm.uses_density else [None]:
+                compressors = [make_compressor(algorithm, comm, numel, density, shapes) for comm in self.group.comms]
+                self.runs.append(Run(algorithm, density, compressors, [applied_counter(c) for c in compressors]))
+
+    def step(self, grads: list[torch.Tensor]) -> list[RunStep]:
+        """Every run's step on these per-rank gradients (left unchanged: each compressor gets a copy)."""
+
+        def rank_step(comm):
+            r, out = comm.rank, []
+            for run in self.runs:
+                flat = grads[r].clone()  # compressors turn their input into the update, in place
+                stats = run.compressors[r].step(flat)
+                out.append((flat if r == 0 else None, stats, run.applied[r]()))
+            return out
+
+        per_rank = self.group.run(rank_step)
+        return [RunStep(per_rank[0][i][0], [per_rank[r][i][1] for r in range(self.P)],
+                        [per_rank[r][i][2] for r in range(self.P)]) for i in range(len(self.runs))]
+
+
+# ------------------------------------------------------------------------------------------- measurements
+def dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    """a . b by torch's float32 sum, which adds pairwise: ~1e-8 relative error at lstman4_small's size,
+    where torch.dot (1e-5) and linalg.vector_norm (1e-4) are far off, and without a float64 copy."""
+    return float((a * b).sum())
+
+
+def norm(a: torch.Tensor) -> float:
+    return math.sqrt(dot(a, a))
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """cos(a, b), 0 when either is zero."""
+    norms = norm(a) * norm(b)
+    return dot(a, b) / norms if norms > 0 else 0.0
+
+
+class ShadowMomentum:
+    """torch.optim.SGD's momentum buffer for a stream of updates: buf = momentum * buf + d, where d is the
+    update clipped as the trainer clips it, plus weight_decay * params (dampening 0, as configured)."""
+
+    def __init__(self, buffer: torch.Tensor, optim_cfg):
+        self.buffer = buffer.clone()
+        self.cfg = optim_cfg
+
+    def add(self, update: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        step = update.clone()
+        clip_grad_norm_(step, self.cfg.max_grad_norm)
+        if self.cfg.weight_decay:
+            step.add_(params, alpha=self.cfg.weight_decay)
+        self.buffer.mul_(self.cfg.momentum).add_(step)
+        return self.buffer
+
+
+def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_momentum: torch.Tensor,
+            params: torch.Tensor) -> dict:
+    """One step's figures for one run (module docstring)."""
+    P = len(run.compressors)
+    residuals = [residual_of(c) for c in run.compressors]
+    owed = 0.0
+    if residuals[0] is not None:
+        total = residuals[0].clone()
+        for residual in residuals[1:]:
+            total += residual
+        owed = norm(total) / P / norm(reference)
+    cos_update = cosine(result.update, reference)
+    momentum = run.momentum.add(result.update, params)
+    applied = result.applied
+    selected = [s.selected_local for s in result.stats]
+    share = contributors = math.nan
+    if applied[0] is not None:
+        share = float(np.mean([a / s for a, s in zip(applied, selected) if s > 0])) if any(selected) else math.nan
+        updated = result.stats[0].selected_global
+        contributors = sum(applied) / updated if updated else math.nan
+    return {"algorithm": run.algorithm.label, "P": P, "density": run.density if run.density is not None else math.nan,
+            "cos_update": cos_update, "cos_momentum": cosine(momentum, reference_momentum), "owed": owed,
+            "applied": share, "contributors": contributors,
+            "words": float(np.mean([s.bytes_recv for s in result.stats])) / WORD,
+            "update_entries": result.stats[0].selected_global, "k": result.stats[0].k}
+
+
+# ------------------------------------------------------------------------------------------- gradients
+def load_training_set(cfg) -> SpeechDataset:
+    """The config's training utterances (its `max_train_utterances` shortest if set), masked as it says."""
+    d = cfg.data
+    frame = read_manifest(d.train_manifest)
+    if d.max_train_utterances:
+        frame = frame.sort_values(["duration", "utt_id"], kind="stable").head(d.max_train_utterances)
+    augment = SpecAugment(d.freq_masks, d.freq_mask_width, d.time_masks, d.time_mask_width, d.time_mask_max_fraction)
+    return SpeechDataset(frame, augment=augment, seed=cfg.seed)
+
+
+def global_batches(dataset: SpeechDataset, batch_size: int, seed: int):
+    """(epoch, items of one global batch) forever, in the trainer's order (its sampler, its epochs)."""
+    sampler = BucketingSampler(dataset.durations, batch_size, seed=seed, shuffle=True, drop_last=True)
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        dataset.set_epoch(epoch)  # the epoch's masks
+        for batch in sampler.global_batches():
+            yield epoch, [dataset[int(i)] for i in batch]
+        epoch += 1
+
+
+def shards(items: list, P: int) -> list[list]:
+    """Rank r's utterances: the r-th contiguous slice, as the sampler gives them."""
+    per = len(items) // P
+    return [items[r * per:(r + 1) * per] for r in range(P)]
+
+
+def mean(tensors: list[torch.Tensor]) -> torch.Tensor:
+    total = tensors[0].clone()
+    for t in tensors[1:]:
+        total += t
+    return total / len(tensors)
+
+
+class ShardGradients:
+    """The per-rank gradients of a global batch for several P, computed in this process (module docstring).
+    `replicas` take the model's parameters before each batch; the trainer's loss: CTC sum / utterances."""
+
+    def __init__(self, model_name: str, sync_bn: bool, finest: int, timeout_s: float = 300.0):
+        self.sync_bn, self.finest = sync_bn, finest
+        self.group = ThreadGroup(finest, timeout_s) if sync_bn else None
+        comms = self.group.comms if sync_bn else [None]
+        self.replicas = [build_model(model_name, sync_bn=comm) for comm in comms]
+        self.flats = [attach_flat_grad(list(m.parameters())) for m in self.replicas]
+        self.loss_fn = torch.nn.CTCLoss(blank=BLANK, reduction="sum", zero_infinity=True)
+
+    @torch.no_grad()
+    def load(self, model: torch.nn.Module) -> None:
+        for replica in self.replicas:
+            for dst, src in zip(replica.parameters(), model.parameters()):
+                dst.copy_(src)
+
+    def gradient(self, r: int, items: list) -> torch.Tensor:
+        """Replica r's gradient on these utterances (a copy)."""
+        model, flat = self.replicas[r], self.flats[r]
+        flat.zero_()
+        batch = collate(items)
+        log_probs, lengths = model(batch.features, batch.feature_lengths)
+        loss = self.loss_fn(log_probs.float(), batch.targets, lengths, batch.target_lengths) / len(batch)
+        loss.backward()
+        return flat.clone()
+
+    def __call__(self, items: list, ranks: list[int]) -> dict[int, list[torch.Tensor]]:
+        """{P: the P ranks' gradients} for every P of `ranks`."""
+        if not self.sync_bn:
+            return {P: [self.gradient(0, shard) for shard in shards(items, P)] for P in ranks}
+        cut = shards(items, self.finest)
+        finest = self.group.run(lambda comm: self.gradient(comm.rank, cut[comm.rank]))
+        out = {}
+        for P in ranks:
+            step = self.finest // P
+            out[P] = finest if step == 1 else [mean(finest[r * step:(r + 1) * step]) for r in range(P)]
+        return out
+
+
+def flat_momentum(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """The optimizer's momentum buffers as one flat vector (zeros before its first step)."""
+    parts = []
+    for p in params:
+        buffer = optimizer.state.get(p, {}).get("momentum_buffer")
+        parts.append((buffer if buffer is not None else torch.zeros_like(p)).flatten())
+    return torch.cat(parts)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+
+
+# ------------------------------------------------------------------------------------------- the bench
+@dataclass
+class Settings:
+    ranks: list[int]
+    densities: list[float]
+    algorithms: list[Algorithm]
+    dense_steps: int
+    steps: int
+    global_batch: int
+    timeout_s: float = 300.0
+    log_every: int = 10
+
+
+def run_bench(cfg, s: Settings, log=print) -> tuple[pd.DataFrame, dict]:
+    """Train densely for dense_steps + steps steps, running every compressor beside the last `steps`.
+    Returns every step's figures (one row per step and run) and timings."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model.name)  # the trajectory: parameters and optimizer only (replicas do forwards)
+    params = list(model.parameters())
+    flat_grad = attach_flat_grad(params)
+    optimizer = build_optimizer(params, cfg.optim)
+    numel, shapes = flat_grad.numel(), [p.shape for p in params]
+    dataset = load_training_set(cfg)
+    if len(dataset) < s.global_batch:
+        raise SystemExit(f"selection_quality: {len(dataset)} training utterances, fewer than one global batch of "
+                         f"{s.global_batch}")
+    finest = math.lcm(*s.ranks)
+    gradients = ShardGradients(cfg.model.name, cfg.model.sync_batchnorm, finest, s.timeout_s)
+    trajectory_P = min(s.ranks)
+    simulated = {P: SimulatedRanks(P, s.algorithms, s.densities, numel, shapes, s.timeout_s) for P in s.ranks}
+    reference_momentum: dict[int, ShadowMomentum] = {}
+    rows = []
+    seconds = {f"{what}_{clock}": 0.0 for what in ("gradients", "compressors", "measures") for clock in ("wall", "cpu")}
+
+    def add_time(what: str, since: tuple[float, float]) -> tuple[float, float]:
+        now = time.perf_counter(), time.process_time()  # CPU: all threads of this process
+        seconds[f"{what}_wall"] += now[0] - since[0]
+        seconds[f"{what}_cpu"] += now[1] - since[1]
+        return now
+
+    batches = global_batches(dataset, s.global_batch, cfg.seed)
+    t_start, skipped, taken = time.perf_counter(), 0, 0  # taken: optimizer steps, as the trainer counts them
+    total_steps = s.dense_steps + s.steps
+    for step in range(total_steps):
+        epoch, items = next(batches)
+        sparse = step >= s.dense_steps
+        t0 = time.perf_counter(), time.process_time()
+        gradients.load(model)
+        grads = gradients(items, s.ranks if sparse else [trajectory_P])
+        references = {P: mean(g) for P, g in grads.items()}  # the dense mean gradient at each P
+        add_time("gradients", t0)
+        if not all(all_finite(g) for g in references.values()):  # as the trainer: every rank skips the step
+            skipped += 1
+            log(f"step {step}: non-finite gradient, skipped (as the trainer would)")
+            continue
+        if sparse:
+            params_now = torch.cat([p.detach().flatten() for p in params])
+            if not reference_momentum:  # the sparse steps begin: every shadow starts from the model's buffer
+                start = flat_momentum(optimizer, params)
+                reference_momentum = {P: ShadowMomentum(start, cfg.optim) for P in s.ranks}
+                for sim in simulated.values():
+                    for run in sim.runs:
+                        run.momentum = ShadowMomentum(start, cfg.optim)
+            for P, sim in simulated.items():
+                t0 = time.perf_counter(), time.process_time()
+                results = sim.step(grads[P])
+                t1 = add_time("compressors", t0)
+                dense_momentum = reference_momentum[P].add(references[P], params_now)
+                for run, result in zip(sim.runs, results):
+                    rows.append({"step": step, **measure(run, result, references[P], dense_momentum, params_now)})
+                add_time("measures", t1)
+        flat_grad.copy_(references[trajectory_P])
+        clip_grad_norm_(flat_grad, cfg.optim.max_grad_norm)
+        set_learning_rate(optimizer, learning_rate(cfg.optim, taken, epoch))
+        optimizer.step()
+        taken += 1
+        done = step + 1
+        if s.log_every and (done % s.log_every == 0 or done == total_steps):
+            elapsed = time.perf_counter() - t_start
+            log(f"step {done}/{total_steps} ({'sparse' if sparse else 'dense'}): {elapsed:.0f} s so far, "
+                f"{elapsed / done:.2f} s/step", flush=True)
+    seconds["skipped_steps"] = skipped
+    return pd.DataFrame(rows), seconds
+
+
+def summarise(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (algorithm, P, density): the mean over the sparse steps and the last step's value."""
+    keys = ["algorithm", "P", "density"]
+    order = {label: i for i, label in enumerate(dict.fromkeys(steps["algorithm"]))}
+    grouped = steps.groupby(keys, dropna=False, sort=False)
+    figures = ["cos_update", "cos_momentum", "owed", "applied", "contributors", "words", "update_entries", "k"]
+    summary = grouped[figures].mean().add_suffix("_mean").join(grouped[figures].last().add_suffix("_last"))
+    summary["steps"] = grouped.size()
+    summary = summary.reset_index()
+    summary["order"] = summary["algorithm"].map(order)
+    return summary.sort_values(["order", "density", "P"], na_position="first").drop(columns="order")
+
+
+def markdown_table(summary: pd.DataFrame) -> str:
+    def pair(row, name, digits):
+        return f"{row[name + '_mean']:.{digits}f} / {row[name + '_last']:.{digits}f}"
+
+    lines = ["| algorithm | P | density | entries updated | cos(update, dense mean gradient) mean / last | "
+             "cos(momentum, dense momentum) mean / last | owed mean / last | share of local picks applied | "
+             "ranks per applied entry | words received per rank |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for _, row in summary.iterrows():
+        density = "-" if math.isnan(row["density"]) else f"{row['density']:g}"
+        entries = "-" if math.isnan(row["density"]) else f"{row['update_entries_mean'] / row['k_mean']:.2f} k"
+        applied = "-" if math.isnan(row["applied_mean"]) else f"{row['applied_mean']:.2f}"
+        contributors = "-" if math.isnan(row["contributors_mean"]) else f"{row['contributors_mean']:.2f} of {row['P']}"
+        lines.append(f"| {row['algorithm']} | {row['P']} | {density} | {entries} | {pair(row, 'cos_update', 3)} | "
+                     f"{pair(row, 'cos_momentum', 3)} | {pair(row, 'owed', 2)} | {applied} | {contributors} | "
+                     f"{row['words_mean']:,.0f} |")
+    return "\n".join(lines)
+
+
+def plot(summary: pd.DataFrame, path: Path, densities: list[float]) -> None:
+    """cos(update, dense) against P, a panel per density (density-free algorithms in each), plus one against
+    density at the largest P when there are several densities."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    several = len(densities) > 1
+    panels = len(densities) + several
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2), squeeze=False)
+    labels = list(dict.fromkeys(summary["algorithm"]))
+    styles = {label: dict(marker="os^vD<>ph*"[i % 10], linestyle=("-", "--", ":")[i // 10 % 3])
+              for i, label in enumerate(labels)}  # distinct even where two lines coincide (TopkA and TopkDSA)
+    ranks = sorted(summary["P"].unique())
+    for ax, density in zip(axes[0], densities):
+        for label in labels:
+            rows = summary[(summary["algorithm"] == label)
+                           & (summary["density"].isna() | np.isclose(summary["density"], density))]
+            ax.plot(rows["P"], rows["cos_update_mean"], label=label, **styles[label])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ranks, [str(P) for P in ranks])
+        ax.set_xlabel("P (simulated ranks)")
+        ax.set_title(f"density {density:g}")
+    if several:
+        ax, largest = axes[0][-1], summary["P"].max()
+        at = summary[summary["P"] == largest]
+        for label in labels:
+            rows = at[at["algorithm"] == label]
+            x = densities if rows["density"].isna().all() else rows["density"]
+            y = np.repeat(rows["cos_update_mean"].to_numpy(), len(densities)) if rows["density"].isna().all() \
+                else rows["cos_update_mean"]
+            ax.plot(x, y, label=label, **styles[label])
+        ax.set_xlabel("density")
+        ax.set_title(f"P = {largest}")
+    axes[0][0].set_ylabel("cos(update, dense mean gradient), mean over steps")
+    axes[0][0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------- command line
+def parse_variant(text: str) -> Algorithm:
+    """LABEL=ALGORITHM[:KEY=VALUE,...], values read as YAML (e.g. oktopk_exact=oktopk:local_threshold_interval=1)."""
+    label, sep, spec = text.partition("=")
+    name, _, options = spec.partition(":")
+    if not sep or not label or not name:
+        raise ValueError(f"--variant {text!r}: expected LABEL=ALGORITHM[:KEY=VALUE,...]")
+    parsed = {}
+    for item in filter(None, options.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--variant {text!r}: option {item!r} is not KEY=VALUE")
+        parsed[key] = yaml.safe_load(value)
+    return Algorithm(label, name, parsed)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/an4_cpu.yaml")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="simulated P values")
+    parser.add_argument("--densities", type=float, nargs="+", default=[0.02])
+    parser.add_argument("--steps", type=int, default=100, help="sparse steps (the compressors run beside these)")
+    parser.add_argument("--dense-steps", type=int, default=50, help="plain dense steps first")
+    parser.add_argument("--algorithms", nargs="+", help=f"default: every registered one and {ORACLE}")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=ALGORITHM[:KEY=VALUE,...]",
+                        help="one more row family: a registered algorithm with these options (repeatable)")
+    parser.add_argument("--global-batch", type=int,
+                        help="default: the config's global batch, rounded up to a multiple of every P")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a simulated rank waits in a collective")
+    parser.add_argument("--out", type=Path, help="write the table to this .md, the plot beside it (.png) and "
+                        "every step's figures (.csv)")
+    parser.add_argument("--log-every", type=int, default=10, help="progress line every N steps (0: none)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    return parser.parse_args(argv)
+
+
+def settings_from(args, cfg) -> tuple[Settings, str]:
+    """Validated settings, and a note on how the global batch was chosen."""
+    ranks = sorted(set(args.ranks))
+    if ranks[0] < 1:
+        raise ValueError(f"--ranks must be positive, got {args.ranks}")
+    if any(not 0 < d <= 1 for d in args.densities):
+        raise ValueError(f"--densities must be in (0, 1], got {args.densities}")
+    if args.steps < 1 or args.dense_steps < 0:
+        raise ValueError("--steps must be >= 1 and --dense-steps >= 0")
+    names = args.algorithms if args.algorithms is not None else [*COMPRESSORS, ORACLE]
+    algorithms = [Algorithm(name, name, {}) for name in names] + [parse_variant(v) for v in args.variant]
+    for a in algorithms:
+        if a.name != ORACLE and a.name not in COMPRESSORS:
+            raise ValueError(f"unknown algorithm {a.name!r}; known: {', '.join([*COMPRESSORS, ORACLE])}")
+    if len({a.label for a in algorithms}) != len(algorithms):
+        raise ValueError("two rows with the same algorithm label")
+    lcm = math.lcm(*ranks)
+    configured = cfg.train.global_batch_size or cfg.train.batch_per_rank * ranks[-1]
+    if args.global_batch is not None:
+        if args.global_batch % lcm:
+            raise ValueError(f"--global-batch {args.global_batch} is not a multiple of every P ({lcm})")
+        batch, note = args.global_batch, "--global-batch"
+    else:
+        batch = -(-configured // lcm) * lcm
+        note = ("the config's" if batch == configured
+                else f"the config's {configured} rounded up to a multiple of every P")
+    return Settings(ranks, sorted(set(args.densities)), algorithms, args.dense_steps, args.steps, batch, args.timeout,
+                    args.log_every), note
+
+
+def main(argv=None) -> int:
+    t_start = time.perf_counter()
+    args = parse_args(argv)
+    torch.set_num_threads(1)  # one per simulated rank: the ranks' threads share the cores
+    try:
+        cfg = load_config(args.config, args.overrides)
+        s, batch_note = settings_from(args, cfg)
+    except ValueError as e:  # ConfigError included
+        print(f"selection_quality: {e}", file=sys.stderr)
+        return 2
+    numel = sum(p.numel() for p in build_model(cfg.model.name).parameters())
+    bn = "synchronized BatchNorm" if cfg.model.sync_batchnorm else "per-rank BatchNorm"
+    header = [
+        "# Selection quality along a dense trajectory (bench/selection_quality.py)",
+        "",
+        f"command: {' '.join([Path(sys.executable).name, *sys.argv])}" if argv is None
+        else f"arguments: {' '.join(argv)}",
+        f"config: {args.config} {' '.join(args.overrides)}".rstrip(),
+        f"model: {cfg.model.name} ({numel:,} parameters), {bn}; global batch {s.global_batch} ({batch_note}); "
+        f"seed {cfg.seed}; SGD momentum {cfg.optim.momentum:g}, weight decay {cfg.optim.weight_decay:g}, "
+        f"lr {cfg.optim.lr:g}, clip {cfg.optim.max_grad_norm:g}",
+        f"steps: {s.dense_steps} dense, then {s.steps} with the compressors beside dense training; simulated P: "
+        f"{' '.join(map(str, s.ranks))}; densities: {' '.join(f'{d:g}' for d in s.densities)}; "
+        f"the model follows the dense mean gradient at P = {s.ranks[0]}",
+        f"CPU: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; "
+        f"1 torch thread per simulated rank",
+    ]
+    print("\n".join(header), flush=True)
+    steps, seconds = run_bench(cfg, s)
+    summary = summarise(steps)
+    wall = time.perf_counter() - t_start
+    parts = ", ".join(f"{name} {seconds[what + '_wall']:.0f} s (CPU {seconds[what + '_cpu']:.0f} s)" for what, name in
+                      (("gradients", "per-rank gradients"), ("compressors", "compressors"), ("measures", "measures")))
+    footer = [f"wall time: {wall:.0f} s ({wall / 60:.1f} min), CPU time {time.process_time():.0f} s (all threads): "
+              f"{parts}; load average {os.getloadavg()[0]:.1f} at the end; skipped (non-finite) steps: "
+              f"{seconds['skipped_steps']}",
+              "",
+              "Means over the sparse steps / the last step. entries updated: mean count in the update, in units of "
+              "k = density x parameters; owed = ||sum of residuals / P|| / ||dense mean gradient||; share of local "
+              "picks applied = applied / selected entries, mean over ranks; ranks per applied entry = applied entries "
+              "summed over ranks / entries in the update; words = 4-byte words received per rank, mean over ranks "
+              "(the oracle's: a dense allreduce and a broadcast of the indices)."]
+    table = markdown_table(summary)
+    print("\n" + table + "\n\n" + "\n".join(footer))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(header) + "\n\n" + table + "\n\n" + "\n".join(footer) + "\n")
+        steps.to_csv(args.out.with_suffix(".csv"), index=False)
+        plot(summary, args.out.with_suffix(".png"), s.densities)
+        print(f"wrote {args.out}, {args.out.with_suffix('.png')} and {args.out.with_suffix('.csv')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,275 @@
+"""bench/selection_quality.py on real AN4 utterances (the 8 shortest, tests/conftest.py) and lstman4_tiny.
+
+  - the oracle is Ok-Topk with exact thresholds and TopkA at P = 1 (same updates, same residuals, bitwise), and
+    at P = 4 it applies the exact top-k of the ranks' summed acc from every rank;
+  - per-rank gradients with synchronized BatchNorm, derived from the finest cut, are what P ranks compute;
+  - along the simulation every compressor conserves mass (sum of updates x P + residuals = sum of gradients fed),
+    each rank's residual is its acc with exactly its applied entries cleared, and the bench's figures agree
+    with the same figures computed here another way; dense has cos 1, owed 0;
+  - the command runs end to end in seconds and writes its table, its plot and its per-step figures.
+"""
+import csv
+import importlib.util
+import math
+import subprocess
+import sys
+from itertools import islice
+
+import numpy as np
+import pytest
+import torch
+
+from sparse_asr.compression import COMPRESSORS
+from sparse_asr.data.dataset import collate
+from sparse_asr.models import build_model
+from sparse_asr.training.config import load_config
+from sparse_asr.training.runtime import cpu_model
+from tests.mpi_helpers import REPO
+from tests.reference import EXACT_OKTOPK
+
+spec = importlib.util.spec_from_file_location("selection_quality", REPO / "bench" / "selection_quality.py")
+sq = sys.modules.setdefault("selection_quality", importlib.util.module_from_spec(spec))
+spec.loader.exec_module(sq)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+DENSITY = 0.05
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_manifest):
+    """configs/smoke.yaml (lstman4_tiny, global batch 4) on the 8 shortest AN4 utterances, synchronized BatchNorm."""
+    return load_config(REPO / "configs" / "smoke.yaml",
+                       [f"data.train_manifest={tiny_manifest}", "data.max_train_utterances=0",
+                        "model.sync_batchnorm=true"])
+
+
+def gradient_stream(cfg, P: int, steps: int, sync_bn: bool = True) -> list[list[torch.Tensor]]:
+    """Per-rank gradients of `steps` successive global batches (the initial model), as the bench computes them."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model.name)
+    gradients = sq.ShardGradients(cfg.model.name, sync_bn, finest=P, timeout_s=60)
+    gradients.load(model)
+    batches = sq.global_batches(sq.load_training_set(cfg), cfg.train.global_batch_size, cfg.seed)
+    return [gradients(items, [P])[P] for _, items in islice(batches, steps)]
+
+
+def model_size(cfg):
+    params = list(build_model(cfg.model.name).parameters())
+    return sum(p.numel() for p in params), [p.shape for p in params]
+
+
+def test_oracle_is_oktopk_and_topka_at_one_rank(cfg):
+    numel, shapes = model_size(cfg)
+    algorithms = [sq.Algorithm(sq.ORACLE, sq.ORACLE, {}), sq.Algorithm("topka", "topka", {}),
+                  sq.Algorithm("oktopk_exact", "oktopk", dict(EXACT_OKTOPK))]
+    sim = sq.SimulatedRanks(1, algorithms, [DENSITY], numel, shapes, timeout_s=60)
+    k = round(DENSITY * numel)
+    residual = torch.zeros(numel)
+    for step, grads in enumerate(gradient_stream(cfg, 1, 6)):  # 2 epochs of the 2 batches: residuals matter
+        acc = residual + grads[0]
+        oracle, *others = sim.step(grads)
+        chosen = np.sort(np.argsort(-np.abs(acc.numpy()), kind="stable")[:k])  # the k largest |acc|
+        assert np.array_equal(np.flatnonzero(oracle.update.numpy()), chosen), step
+        assert torch.equal(oracle.update[chosen], acc[chosen]), step
+        residual = acc.clone()
+        residual[chosen] = 0.0
+        for run, result in zip(sim.runs, [oracle, *others]):
+            assert torch.equal(result.update, oracle.update), (run.algorithm.label, step)
+            assert torch.equal(sq.residual_of(run.compressors[0]), residual), (run.algorithm.label, step)
+            assert result.applied == [k] and result.stats[0].selected_global == k, (run.algorithm.label, step)
+
+
+def test_oracle_applies_the_global_topk_of_the_summed_acc_from_every_rank(cfg):
+    numel, shapes = model_size(cfg)
+    P, k = 4, round(DENSITY * numel)
+    sim = sq.SimulatedRanks(P, [sq.Algorithm(sq.ORACLE, sq.ORACLE, {})], [DENSITY], numel, shapes, timeout_s=60)
+    residuals = [torch.zeros(numel) for _ in range(P)]
+    for step, grads in enumerate(gradient_stream(cfg, P, 4)):
+        accs = [residuals[r] + grads[r] for r in range(P)]
+        total = accs[0].clone()
+        for acc in accs[1:]:
+            total += acc  # in rank order, as the oracle's allreduce: the same bits, the same ranking
+        chosen = np.sort(np.argsort(-np.abs(total.numpy()), kind="stable")[:k])
+        (result,) = sim.step(grads)
+        assert np.array_equal(np.flatnonzero(result.update.numpy()), chosen), step
+        assert torch.equal(result.update[chosen], total[chosen] / P), step
+        for r in range(P):
+            residuals[r] = accs[r].clone()
+            residuals[r][chosen] = 0.0
+            assert torch.equal(sq.residual_of(sim.runs[0].compressors[r]), residuals[r]), (step, r)
+        assert result.applied == [k] * P  # every rank's value, at every chosen entry
+
+
+def test_rank_gradients_are_what_P_ranks_compute(cfg):
+    """With synchronized BatchNorm the P = 2 gradients derived from the finest cut (4 ranks of one utterance) are
+    those 2 ranks with synchronized BatchNorm compute, and every P's mean is one process's whole-batch gradient;
+    with per-rank BatchNorm a rank's gradient is its shard's alone."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model.name)
+    items = next(sq.global_batches(sq.load_training_set(cfg), 4, cfg.seed))[1]
+
+    derived = sq.ShardGradients(cfg.model.name, True, finest=4, timeout_s=60)
+    derived.load(model)
+    by_P = derived(items, [1, 2, 4])
+    direct = sq.ShardGradients(cfg.model.name, True, finest=2, timeout_s=60)
+    direct.load(model)
+    two = direct(items, [2])[2]
+    whole = sq.ShardGradients(cfg.model.name, True, finest=1, timeout_s=60)
+    whole.load(model)
+    one = whole(items, [1])[1][0]
+    scale = float(one.abs().max())
+    for r in range(2):
+        torch.testing.assert_close(by_P[2][r], two[r], rtol=0, atol=2e-5 * scale)
+    for P, grads in by_P.items():
+        torch.testing.assert_close(sq.mean(grads), one, rtol=0, atol=2e-5 * scale, msg=f"P={P}")
+    assert not torch.allclose(by_P[2][0], by_P[2][1], atol=1e-3 * scale), "the two ranks' gradients should differ"
+
+    per_rank = sq.ShardGradients(cfg.model.name, False, finest=4)
+    per_rank.load(model)
+    for r, grad in enumerate(per_rank(items, [2])[2]):
+        assert torch.equal(grad, shard_gradient(model, items[2 * r:2 * r + 2])), r
+
+
+def shard_gradient(model, items) -> torch.Tensor:
+    """The trainer's loss (CTC sum / utterances) on these utterances alone, per-rank BatchNorm: the gradient."""
+    model.zero_grad()
+    batch = collate(items)
+    log_probs, lengths = model(batch.features, batch.feature_lengths)
+    loss_fn = torch.nn.CTCLoss(blank=0, reduction="sum", zero_infinity=True)
+    (loss_fn(log_probs, batch.targets, lengths, batch.target_lengths) / len(batch)).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def test_simulation_conserves_mass_and_measures_what_it_says(cfg):
+    """Every algorithm at P = 1, 2, 4 on real per-rank gradients over 5 steps."""
+    numel, shapes = model_size(cfg)
+    algorithms = [sq.Algorithm(name, name, {}) for name in [*COMPRESSORS, sq.ORACLE]]
+    start = torch.randn(numel) * 1e-3  # a momentum buffer to start from, as after dense steps
+    params = torch.randn(numel)
+    for P in (1, 2, 4):
+        sim = sq.SimulatedRanks(P, algorithms, [DENSITY], numel, shapes, timeout_s=60)
+        for run in sim.runs:
+            run.momentum = sq.ShadowMomentum(start, cfg.optim)
+        dense_momentum = sq.ShadowMomentum(start, cfg.optim)
+        fed = torch.zeros(numel, dtype=torch.float64)  # sum over steps and ranks of the gradients
+        applied_sum = {run.algorithm.label: torch.zeros(numel, dtype=torch.float64) for run in sim.runs}
+        for step, grads in enumerate(gradient_stream(cfg, P, 5)):
+            before = [[(sq.residual_of(c).clone() if sq.residual_of(c) is not None else None) for c in run.compressors]
+                      for run in sim.runs]
+            reference = sq.mean(grads)
+            fed_now = [g.clone() for g in grads]  # what the compressors must get, whatever the bench does with grads
+            fed += sum(g.double() for g in fed_now)
+            results = sim.step(grads)
+            m_ref = dense_momentum.add(reference, params)
+            for run, result, residuals_before in zip(sim.runs, results, before):
+                label, where = run.algorithm.label, f"{run.algorithm.label} P={P} step={step}"
+                applied_sum[label] += result.update.double() * P
+                figures = sq.measure(run, result, reference, m_ref, params)
+                check_figures(run, result, reference, figures, where)
+                if residuals_before[0] is None:
+                    continue
+                for r, c in enumerate(run.compressors):
+                    acc = residuals_before[r] + fed_now[r]  # float32, as the compressors add
+                    residual = sq.residual_of(c)
+                    if label in ("powersgd",):  # acc minus its low-rank part, on every rank alike
+                        continue
+                    cleared = (residual == 0) & (acc != 0)
+                    # residual = acc with exactly the applied entries cleared, all of them in the update
+                    assert torch.equal(torch.where(cleared, torch.zeros_like(acc), acc), residual), where
+                    # the applied entries: every cleared one, perhaps some where acc was 0 (the oracle applies all k)
+                    assert int(cleared.sum()) <= result.applied[r] <= int((residual == 0).sum()), (where, r)
+                    if label not in (sq.ORACLE, "cltk"):
+                        assert int(cleared.sum()) == result.applied[r], (where, r)
+                    assert bool((result.update[cleared] != 0).all()), (where, r)
+        for run in sim.runs:  # conservation: everything fed is applied or still owed
+            owed = sum((sq.residual_of(c).double() for c in run.compressors), torch.zeros(numel, dtype=torch.float64)) \
+                if sq.residual_of(run.compressors[0]) is not None else 0.0
+            torch.testing.assert_close(applied_sum[run.algorithm.label] + owed, fed, rtol=1e-5,
+                                       atol=1e-5 * float(fed.abs().max()), msg=f"{run.algorithm.label} P={P}")
+
+
+def check_figures(run, result, reference, figures, where):
+    """measure()'s figures against the same quantities computed here in float64."""
+    P = len(run.compressors)
+    u, g = result.update.double(), reference.double()
+    assert figures["cos_update"] == pytest.approx(float(u @ g / (u.norm() * g.norm())), abs=1e-6), where
+    residuals = [sq.residual_of(c) for c in run.compressors]
+    owed = 0.0 if residuals[0] is None else float(sum(r.double() for r in residuals).norm() / P / g.norm())
+    assert figures["owed"] == pytest.approx(owed, rel=1e-5, abs=1e-12), where
+    assert figures["words"] == np.mean([s.bytes_recv for s in result.stats]) / 4, where
+    if run.algorithm.name == "dense":
+        assert figures["cos_update"] == pytest.approx(1.0, abs=1e-6) and figures["owed"] == 0.0, where
+        assert figures["cos_momentum"] == pytest.approx(1.0, abs=1e-6), where
+        assert figures["applied"] == 1.0 and figures["contributors"] == P, where
+        assert figures["words"] == 2 * g.numel() * (P - 1) // P, where  # the ring allreduce
+    elif run.algorithm.name in (sq.ORACLE, "cltk"):  # one shared index set: every rank's value at every entry
+        assert figures["applied"] == 1.0 and figures["contributors"] == P, where
+    elif run.algorithm.name in ("topka", "topkdsa", "gaussiank"):  # every local selection is applied
+        assert figures["applied"] == 1.0, where
+        assert 1.0 <= figures["contributors"] <= P, where
+    elif run.algorithm.name == "powersgd":
+        assert math.isnan(figures["applied"]) and math.isnan(figures["contributors"]), where
+    else:  # gtopk, oktopk: some local picks are dropped globally at P > 1
+        assert 0.0 < figures["applied"] <= 1.0 and 1.0 <= figures["contributors"] <= P, where
+    if P == 1 and run.algorithm.name != "powersgd":
+        assert figures["contributors"] == 1.0, where
+
+
+def test_command_writes_its_table_plot_and_steps(tiny_manifest, tmp_path):
+    out = tmp_path / "quality.md"
+    command = [sys.executable, "bench/selection_quality.py", "--config", "configs/smoke.yaml", "--ranks", "1", "2", "4",
+               "--densities", "0.05", "0.1", "--dense-steps", "2", "--steps", "3", "--out", str(out), "--variant",
+               "oktopk_exact=oktopk:" + ",".join(f"{key}={value}" for key, value in EXACT_OKTOPK.items()),
+               f"data.train_manifest={tiny_manifest}", "data.max_train_utterances=0", "model.sync_batchnorm=true"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"CPU: {cpu_model()}" in proc.stdout and "wall time: " in proc.stdout, proc.stdout
+    text = out.read_text()
+    assert f"CPU: {cpu_model()}" in text and "wall time: " in text
+
+    rows, header = {}, None
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| algorithm |"):
+            header = cells
+        elif line.startswith("| ") and header and cells[1].isdigit():
+            row = dict(zip(header, cells))
+            key = (row["algorithm"], int(row["P"]), row["density"])
+            assert key not in rows, f"duplicate row {key}"
+            rows[key] = row
+    labels = [*COMPRESSORS, sq.ORACLE, "oktopk_exact"]
+    expected = {(a, P, d) for a in labels for P in (1, 2, 4)
+                for d in (("0.05", "0.1") if a not in COMPRESSORS or COMPRESSORS[a].uses_density else ("-",))}
+    assert set(rows) == expected
+    cos, momentum = "cos(update, dense mean gradient) mean / last", "cos(momentum, dense momentum) mean / last"
+    owed, words = "owed mean / last", "words received per rank"
+    numel = sum(p.numel() for p in build_model("lstman4_tiny").parameters())
+    k = round(0.05 * numel)
+    for P in (1, 2, 4):
+        dense = rows[("dense", P, "-")]
+        assert (dense[cos], dense[momentum], dense[owed]) == ("1.000 / 1.000", "1.000 / 1.000", "0.00 / 0.00"), dense
+        assert dense["ranks per applied entry"] == f"{P}.00 of {P}"
+        assert dense[words] == f"{2 * numel * (P - 1) // P:,}"  # the ring allreduce
+        assert rows[("topka", P, "0.05")][words] == f"{2 * k * (P - 1):,}"  # k pairs from each of the others
+        assert rows[(sq.ORACLE, P, "0.05")]["entries updated"] == "1.00 k"
+        assert rows[(sq.ORACLE, P, "0.05")]["ranks per applied entry"] == f"{P}.00 of {P}"
+    for density in ("0.05", "0.1"):  # at P = 1 TopkA and Ok-Topk with exact thresholds are the oracle
+        for label in ("topka", "oktopk_exact"):
+            for column in (cos, momentum, owed):
+                assert rows[(label, 1, density)][column] == rows[(sq.ORACLE, 1, density)][column], (label, column)
+
+    with open(out.with_suffix(".csv")) as f:
+        steps = list(csv.DictReader(f))
+    assert len(steps) == 3 * len(rows)  # every run, every sparse step
+    assert {int(s["step"]) for s in steps} == {2, 3, 4}
+    # With synchronized BatchNorm the ranks' mean gradient does not depend on P, nor do the oracle and PowerSGD,
+    # which only see the sum over ranks.
+    for label in (sq.ORACLE, "powersgd"):
+        by_step = {}
+        for s in steps:
+            if s["algorithm"] == label and s["density"] in ("", "0.05"):
+                by_step.setdefault(s["step"], []).append(float(s["cos_update"]))
+        assert all(max(v) - min(v) < 1e-4 and len(v) == 3 for v in by_step.values()), (label, by_step)
+    png = out.with_suffix(".png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
