@@ -9,11 +9,18 @@ The job is sparse_asr.training.launch.run_job: config -> start_run (data, model,
 state; everything that can refuse the run is checked before anything is written) -> Trainer.fit().
 Any exception on any rank ends the whole job.
 """
-import argparse
-import sys
+import os
+import signal
 
-from sparse_asr.comm import Communicator
-from sparse_asr.training.runtime import run_or_abort
+# Ctrl-C while torch and MPI are still importing: end at once, quietly (a KeyboardInterrupt inside those
+# imports left a traceback and a segmentation fault). From main() on, Ctrl-C ends every rank in order.
+signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+
+from sparse_asr.comm import Communicator  # noqa: E402
+from sparse_asr.training.runtime import run_or_abort  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -34,6 +41,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     comm = Communicator()
     from sparse_asr.training.launch import run_job  # heavy imports after the argument check: errors are instant
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt: run_or_abort ends the job
 
     run_or_abort(comm, run_job, comm, args.config, args.overrides, args.resume, args.overwrite)
     return 0

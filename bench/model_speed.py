@@ -47,7 +47,9 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    print(f"batch {args.batch} x {args.frames} frames, fwd+bwd, median of {args.repeats}")
+    from sparse_asr.training.runtime import cpu_model
+
+    print(f"{cpu_model()}: batch {args.batch} x {args.frames} frames, fwd+bwd, median of {args.repeats}")
     print(f"{'variant':<20} {'parameters':>12} {'sec/batch':>10} {'threads':>8}")
     for name in args.variants:
         params, seconds = time_fwd_bwd(name, args.batch, args.frames, args.repeats)

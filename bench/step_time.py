@@ -49,7 +49,7 @@ from sparse_asr.data.manifest import read_manifest
 from sparse_asr.models import build_model
 from sparse_asr.training.config import load_config
 from sparse_asr.training.launch import bare_trainer, resolve_for_run, setup_process
-from sparse_asr.training.runtime import run_or_abort, seed_everything
+from sparse_asr.training.runtime import cpu_model, run_or_abort, seed_everything
 
 TIMES = ["t_compute", "t_select", "t_comm", "t_other", "t_step"]
 FIGURES = TIMES + ["bytes_recv", "bytes_sent"]
@@ -113,7 +113,7 @@ def header(machine: dict, batch: dict, args, P: int) -> str:
     lines = [
         f"# Step time per algorithm: {args.model}, P = {P}, density {args.density}, "
         f"{args.steps} measured steps after {args.warmup} discarded",
-        f"machine: {machine['host']}, {machine['cpus']} CPUs ({machine['usable_cpus']} usable), "
+        f"machine: {machine['host']}, {machine['cpu_model']}, {machine['cpus']} CPUs ({machine['usable_cpus']} usable), "
         f"{machine['ranks_per_node']} rank(s) on this node x {machine['threads_per_rank']} torch thread(s), "
         f"device {machine['device']}, torch {machine['torch']}; 1-min load average at the start "
         f"{machine['load_average_1min']:.2f}"
@@ -167,7 +167,7 @@ def run(args, comm) -> list[dict]:
     seconds = dataset.durations[chosen]
     usable = len(os.sched_getaffinity(0))
     device_name = str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
-    machine = {"host": socket.gethostname(), "cpus": os.cpu_count(), "usable_cpus": usable,
+    machine = {"host": socket.gethostname(), "cpu_model": cpu_model(), "cpus": os.cpu_count(), "usable_cpus": usable,
                "ranks_per_node": local_size, "threads_per_rank": threads, "device": device_name,
                "torch": torch.__version__, "load_average_1min": os.getloadavg()[0],
                "oversubscribed": device.type == "cpu" and local_size * threads > usable}

@@ -192,3 +192,36 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint_and_refuses_an_edited
     run_training(overrides + ["train.epochs=4"], resume=str(tmp_path / "fall"))  # continues from step-... epoch 1
     epochs = [m["epoch"] for m in read_metrics(tmp_path / "fall") if m["kind"] == "epoch"]
     assert epochs == [1, 2, 3, 4], epochs  # the rows after the checkpoint it continued from were replaced
+
+
+def test_an_utterance_ctc_cannot_align_is_named_before_training(an4_manifests, tmp_path, capsys):
+    """More labels than output frames: CTC's loss is infinite and zero_infinity makes it 0, so the utterance
+    would silently teach nothing; the run says which ones before step 1."""
+    from sparse_asr.data.manifest import read_manifest, write_manifest
+    from tests.mpi.train_common import run_training
+
+    df = read_manifest(an4_manifests / "an4_train.csv").sort_values("duration").head(16).copy()
+    first = df.index[0]
+    df.loc[first, "transcript"] = "A VERY LONG TRANSCRIPT THAT NO ONE SECOND OF AUDIO COULD EVER SAY ALOUD " * 2
+    write_manifest(df, tmp_path / "train.csv")
+    run_training(tiny_overrides(an4_manifests, tmp_path, "ctc", data__train_manifest=tmp_path / "train.csv",
+                                train__epochs=1))
+    err = capsys.readouterr().err
+    assert re.search(r"WARNING: 1 training utterances have more labels than the model's output frames can align", err)
+    assert re.search(rf"{tmp_path}/train.csv:2 \({df.loc[first, 'utt_id']}\): 143 labels need 143 frames, the "
+                     r"model gives 36\n", err), err
+
+
+def test_ctrl_c_during_start_up_ends_quietly():
+    """SIGINT while torch and MPI are still importing: exit 130 at once, no traceback, no segmentation fault."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", str(SMOKE_CONFIG)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    time.sleep(0.5)  # the interpreter is up, the imports are not done (they take seconds)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "Traceback" not in err and "Segmentation" not in err, err

@@ -39,7 +39,7 @@ class SpeechDataset(torch.utils.data.Dataset):
         self.durations = df["duration"].to_numpy(dtype=float)
         self.transcripts = df["transcript"].tolist()
         self.utt_ids = df["utt_id"].tolist()
-        lines = df["line"].tolist() if "line" in df.columns else [f"row {i}" for i in range(len(df))]
+        lines = self.lines = df["line"].tolist() if "line" in df.columns else [f"row {i}" for i in range(len(df))]
         self.targets, problems = [], []
         for line, utt_id, transcript in zip(lines, self.utt_ids, self.transcripts):
             try:

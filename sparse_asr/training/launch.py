@@ -114,6 +114,21 @@ def load_data(cfg: Config, comm) -> tuple[TrainingData, str]:
     return data, said
 
 
+def ctc_unalignable(dataset: SpeechDataset, model: torch.nn.Module) -> list[str]:
+    """'manifest:line (utt_id): L labels, F frames' for every utterance CTC cannot align: it needs one output
+    frame per label plus one blank between repeated labels, and the model's convolutions shorten time."""
+    f = dataset.features
+    frames = model.output_lengths(torch.as_tensor([f.num_frames(round(d * f.sample_rate)) for d in dataset.durations]))
+    lines = dataset.lines
+    out = []
+    for i, target in enumerate(dataset.targets):
+        needed = len(target) + int((target[1:] == target[:-1]).sum())
+        if needed > int(frames[i]):
+            out.append(f"  {dataset.source}:{lines[i]} ({dataset.utt_ids[i]}): {len(target)} labels need {needed} "
+                       f"frames, the model gives {int(frames[i])}")
+    return out
+
+
 def make_sampler(cfg: Config, comm, train: SpeechDataset) -> BucketingSampler:
     return BucketingSampler(train.durations, cfg.train.global_batch_size, comm.rank, comm.size, seed=cfg.seed,
                             shuffle=True, drop_last=True)
@@ -149,6 +164,7 @@ def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False, lock
                           f"the config asks for {cfg.model.name!r}")
     data, data_line = load_data(cfg, comm)
     model = build_model(cfg.model.name, sync_bn=comm if cfg.model.sync_batchnorm else None)
+    unalignable = ctc_unalignable(data.train, model)
     # The warm-up length is fixed when a run starts ('auto' depends on train.epochs, which a resume may change).
     warmup = (state.extra["warmup_steps"] if state is not None else
               warmup_steps(cfg.compression.warmup_steps, data.sampler.batches_per_epoch * cfg.train.epochs))
@@ -171,6 +187,9 @@ def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False, lock
     if removed:
         log.info(f"--overwrite: deleted the previous run's {', '.join(p.name for p in removed)} in {cfg.run_dir}")
     log.info(data_line)
+    if unalignable:  # CTC's zero_infinity turns their loss into 0: they would train nothing, silently
+        log.warn(f"{len(unalignable)} training utterances have more labels than the model's output frames can "
+                 f"align (CTC loss infinite, counted as 0: they teach nothing):\n" + "\n".join(unalignable))
     trainer = Trainer(cfg, comm, model, compressor, data, process.device, log)
     if state is not None:
         trainer.restore(state)
