@@ -40,9 +40,13 @@ def load_model(path, device):
 
 def score_manifest(args, comm, model, device) -> dict:
     from sparse_asr.data.dataset import SpeechDataset
+    from sparse_asr.data.manifest import read_manifest
     from sparse_asr.training.evaluation import evaluate
+    from sparse_asr.training.runtime import check_manifest_audio
 
-    dataset = SpeechDataset(args.manifest)
+    frame = read_manifest(args.manifest)
+    check_manifest_audio(comm, [frame])  # every unusable audio file named by manifest line, before scoring
+    dataset = SpeechDataset(frame)
     result = evaluate(model, dataset, comm, device, args.batch_size, keep_rows=args.worst > 0)
     if comm.rank == 0:
         print(f"{args.manifest}: {result.utterances} utterances")

@@ -225,3 +225,33 @@ def test_ctrl_c_during_start_up_ends_quietly():
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (proc.returncode, err)
     assert "Traceback" not in err and "Segmentation" not in err, err
+
+
+def test_a_truncated_an4_archive_is_named_with_what_to_do(tmp_path):
+    """A copy cut short (an interrupted transfer): one line naming the archive, not a raw EOFError traceback."""
+    from tests.conftest import AN4_ARCHIVE
+
+    cut = tmp_path / "an4_sphere.tar.gz"
+    with open(AN4_ARCHIVE, "rb") as f:
+        cut.write_bytes(f.read(3 * 2**20))
+    proc = subprocess.run([sys.executable, "-m", "sparse_asr.data.an4", "--source", str(cut), "--data-dir",
+                           str(tmp_path / "data"), "--manifest-dir", str(tmp_path / "manifests")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{cut} is truncated or damaged (" in proc.stderr and "download or copy it again" in proc.stderr, proc.stderr
+    assert not (tmp_path / "data" / "an4").exists()
+
+
+def test_evaluate_names_every_unusable_audio_file_by_manifest_line(an4_manifests, tmp_path):
+    from sparse_asr.data.manifest import read_manifest, write_manifest
+    from tests.mpi.train_common import run_training
+
+    run_training(tiny_overrides(an4_manifests, tmp_path, "ev", train__epochs=1))
+    df = read_manifest(an4_manifests / "an4_test.csv").head(5).copy()
+    df.loc[1, "audio"], df.loc[3, "audio"] = str(tmp_path / "gone.sph"), str(tmp_path)
+    write_manifest(df, tmp_path / "test.csv")
+    proc = subprocess.run([sys.executable, "evaluate.py", str(tmp_path / "ev"), "--manifest", str(tmp_path / "test.csv")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "2 of 5 manifest rows have audio that cannot be used" in proc.stderr, proc.stderr
+    assert f"{tmp_path}/test.csv:3: " in proc.stderr and f"{tmp_path}/test.csv:5: " in proc.stderr, proc.stderr

@@ -21,6 +21,7 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -105,7 +106,11 @@ def extract(archive: Path, data_dir: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=data_dir, prefix=".an4_extract."))
     try:
         with tarfile.open(archive, "r:gz") as tar:
-            members = tar.getmembers()
+            try:
+                members = tar.getmembers()
+            except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+                raise An4Error(f"{archive} is truncated or damaged ({type(e).__name__}: {e or 'it ends early'}): "
+                               f"download or copy it again") from None
             outside = [m.name for m in members if m.name.split("/")[0] != "an4"]
             if outside:
                 raise An4Error(f"{archive} holds entries outside an4/, e.g. {outside[:3]}: not the AN4 archive")
