@@ -109,6 +109,7 @@ def training_runs(out_dir: Path) -> list[dict]:
         throughput = [m["train/samples_per_sec"] for m in metrics if "train/samples_per_sec" in m]
         runs.append({
             "name": run_dir.name, "algorithm": config.get("compression", {}).get("algorithm", "?"),
+            "options": config.get("compression", {}).get("options") or {},
             "P": config.get("distributed", {}).get("world_size", "?"),
             "precision": config.get("train", {}).get("precision", "fp32"),
             "epochs": last["epoch"].get("epoch", 0), "steps": last["epoch"].get("step", 0),
@@ -150,7 +151,8 @@ def accuracy_section(runs: list[dict]) -> tuple[list[str], list[str]]:
     for name, P, precision, algorithm, slack, issue in (("Ok-Topk", 2, "fp32", "oktopk", 5, 10),
                                                         ("Ok-Topk", 4, "fp32", "oktopk", 5, 10),
                                                         ("bf16 dense", 1, "bf16", "dense", 2, 12)):
-        run = next((r for r in runs if (r["algorithm"], r["P"], r["precision"]) == (algorithm, P, precision)), None)
+        run = next((r for r in runs if (r["algorithm"], r["P"], r["precision"]) == (algorithm, P, precision)
+                    and not r["options"]), None)  # the algorithm itself, not a variant with options
         gap = relative(at_common.get(run["name"]) if run else None, dense_dev)
         rows.append(f"| {name}, P = {P}: dev WER within {slack}% relative of dense fp32 at the same epoch (issue "
                     f"{issue}) | {pct(gap)} at epoch {fmt(common, 'd')} "

@@ -22,6 +22,12 @@
 # warm-up) and SUITE_SECONDS. The trainings' checkpoints are deleted at the end unless KEEP_CHECKPOINTS=1.
 # --trainings-only: env, train and summary only, the trainings getting all of SUITE_SECONDS (enough for all
 # four to finish the same EPOCHS, so that test WERs compare at the same epochs).
+# --study [--seed S]: issue 23's accuracy study instead of the four trainings above, also trainings only:
+#                dense on 1 rank, Ok-Topk on 1 rank (the exact global top-k), Ok-Topk on 4 ranks and the
+#                remedy (Ok-Topk, compression.options.local_factor=2) on 4 ranks, concurrently, at the same
+#                seed and schedule (EPOCHS default 161, the paper's; each stops when the time is up); each
+#                run's metrics copied flat to metrics_<run>.jsonl and the dev-WER / loss curves of all four
+#                in one plot (curves_vs_step.png, scripts/compare_runs.py)                -> summary.md
 # --dry-run: every step with tiny sizes on the CPU (lstman4_tiny, 2 steps, 16 utterances, 1 epoch) to
 # check the commands here rather than on the GPU. On a CPU without bfloat16 kernels (no AVX-512) the bf16
 # step and training are recorded as skipped, not run (train.py and step_time.py would refuse them).
@@ -30,14 +36,19 @@
 set -uo pipefail  # no -e: a failing step must not end the suite
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; }
 DRY_RUN=0
 TRAININGS_ONLY=0
+STUDY=0
+SEED=1
 OUT=""
 while (($#)); do
     case "$1" in
         --dry-run) DRY_RUN=1; shift ;;
         --trainings-only) TRAININGS_ONLY=1; shift ;;
+        --study) STUDY=1; TRAININGS_ONLY=1; shift ;;
+        --seed) [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || { echo "gpu_suite.sh: error: --seed needs an integer" >&2; exit 2; }
+                SEED=$2; shift 2 ;;
         --out) [[ $# -ge 2 && -n "$2" ]] || { echo "gpu_suite.sh: error: --out needs a directory" >&2; exit 2; }
                OUT=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
@@ -53,7 +64,7 @@ for manifest in manifests/an4_train.csv manifests/an4_dev.csv manifests/an4_test
     [[ -f "$manifest" ]] || { echo "gpu_suite.sh: error: $manifest is missing (prepare AN4, see README.md)" >&2; exit 2; }
 done
 STEPS=${STEPS:-64}
-EPOCHS=${EPOCHS:-60}
+EPOCHS=${EPOCHS:-$( ((STUDY)) && echo 161 || echo 60 )}
 SUITE_SECONDS=${SUITE_SECONDS:-470}
 [[ "$STEPS" =~ ^[1-9][0-9]*$ && "$EPOCHS" =~ ^[1-9][0-9]*$ && "$SUITE_SECONDS" =~ ^[1-9][0-9]*$ ]] || {
     echo "gpu_suite.sh: error: STEPS, EPOCHS and SUITE_SECONDS must be positive integers, got '$STEPS'," \
@@ -144,10 +155,15 @@ if [[ -z "$TRAIN_SECONDS" ]]; then
     ((TRAIN_SECONDS >= 120)) || TRAIN_SECONDS=120
 fi
 max_minutes=$(awk -v s="$TRAIN_SECONDS" 'BEGIN { printf "%.2f", (s - 60) / 60 }')
-echo "[gpu_suite] train: dense fp32 and bf16 on 1 rank, oktopk on 2 and 4 ranks, concurrently," \
-     "$TRAIN_SECONDS s (train.max_minutes=$max_minutes)"
+if ((STUDY)); then
+    echo "[gpu_suite] train (study, seed $SEED): dense and oktopk on 1 rank, oktopk and oktopk local_factor=2" \
+         "on 4 ranks, concurrently, $TRAIN_SECONDS s (train.max_minutes=$max_minutes)"
+else
+    echo "[gpu_suite] train: dense fp32 and bf16 on 1 rank, oktopk on 2 and 4 ranks, concurrently," \
+         "$TRAIN_SECONDS s (train.max_minutes=$max_minutes)"
+fi
 t0=$SECONDS
-common=(distributed.world_size=null out_dir="$OUT/runs" "${TRAIN[@]}" train.max_minutes="$max_minutes")
+common=(distributed.world_size=null out_dir="$OUT/runs" "${TRAIN[@]}" train.max_minutes="$max_minutes" seed="$SEED")
 declare -A train_pids=()
 train_run() {  # train_run NAME RANKS OVERRIDES...: in the background, its output in train_NAME.log
     local name=$1 ranks=$2
@@ -157,13 +173,19 @@ train_run() {  # train_run NAME RANKS OVERRIDES...: in the background, its outpu
     train_pids[$name]=$!
 }
 train_run dense-p1 1
-if [[ -n "$NO_BF16" ]]; then
-    echo "[gpu_suite] train: dense-p1-bf16 skipped ($NO_BF16)"
+if ((STUDY)); then
+    train_run oktopk-p1 1 compression.algorithm=oktopk
+    train_run oktopk-p4 4 compression.algorithm=oktopk
+    train_run oktopk-c2-p4 4 compression.algorithm=oktopk compression.options.local_factor=2
 else
-    train_run dense-p1-bf16 1 train.precision=bf16
+    if [[ -n "$NO_BF16" ]]; then
+        echo "[gpu_suite] train: dense-p1-bf16 skipped ($NO_BF16)"
+    else
+        train_run dense-p1-bf16 1 train.precision=bf16
+    fi
+    train_run oktopk-p2 2 compression.algorithm=oktopk
+    train_run oktopk-p4 4 compression.algorithm=oktopk
 fi
-train_run oktopk-p2 2 compression.algorithm=oktopk
-train_run oktopk-p4 4 compression.algorithm=oktopk
 train_rc=0
 for name in "${!train_pids[@]}"; do
     wait "${train_pids[$name]}"; rc=$?
@@ -173,6 +195,16 @@ record train "$train_rc" $((SECONDS - t0))
 
 if [[ -z "${KEEP_CHECKPOINTS:-}" ]]; then  # hundreds of MB per lstman4 run, of no use after the scoring
     rm -rf "$OUT"/runs/*/checkpoints
+fi
+if ((STUDY)); then  # flat files (a device returns no deep trees) and the four runs' curves in one plot
+    for run_dir in "$OUT"/runs/*/; do
+        name=$(basename "$run_dir")
+        [[ -f "$run_dir/metrics.jsonl" ]] && cp "$run_dir/metrics.jsonl" "$OUT/metrics_$name.jsonl"
+        [[ -f "$run_dir/config.yaml" ]] && cp "$run_dir/config.yaml" "$OUT/config_$name.yaml"
+    done
+    "$PYTHON" scripts/compare_runs.py "$OUT"/runs/*/ --out "$OUT/compare" > "$OUT/compare.log" 2>&1 \
+        && cp "$OUT/compare/curves_vs_step.png" "$OUT/compare/results.md" "$OUT/" \
+        || echo "[gpu_suite] compare_runs.py failed, see $OUT/compare.log"
 fi
 run_step summary "$OUT/summary.md" "$PYTHON" bench/gpu_report.py summary "$OUT"
 cat "$OUT/summary.md"

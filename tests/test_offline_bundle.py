@@ -292,6 +292,30 @@ def test_gpu_suite_dry_run_from_the_bundle(unpacked, tmp_path):
     assert not list((out / "runs").glob("*/checkpoints")), "checkpoints are removed at the end"
 
 
+def test_gpu_suite_study_dry_run_from_the_bundle(unpacked, tmp_path):
+    """Issue 23's study, prepared on the CPU: four concurrent trainings at one seed (dense and Ok-Topk on 1
+    rank, Ok-Topk and its local_factor=2 remedy on 4), flat metrics files, one plot, the summary."""
+    folder, env, _ = unpacked
+    out = tmp_path / "study"
+    proc = run(["bash", "bench/gpu_suite.sh", "--dry-run", "--study", "--seed", "3", "--out", str(out)], env, folder,
+               timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    status = dict(line.split("\t")[:2] for line in (out / "steps.tsv").read_text().splitlines()[1:])
+    assert status == {"env": "ok", "train": "ok", "summary": "ok"}, status
+    runs = {"dense-p1": ("dense", 1, {}), "oktopk-p1": ("oktopk", 1, {}), "oktopk-p4": ("oktopk", 4, {}),
+            "oktopk-c2-p4": ("oktopk", 4, {"local_factor": 2})}
+    for name, (algorithm, ranks, options) in runs.items():
+        config = yaml.safe_load((out / f"config_{name}.yaml").read_text())
+        assert (config["compression"]["algorithm"], config["distributed"]["world_size"], config["seed"],
+                config["compression"]["options"]) == (algorithm, ranks, 3, options), name
+        metrics = [json.loads(line) for line in (out / f"metrics_{name}.jsonl").read_text().splitlines()]
+        assert [m["epoch"] for m in metrics if m["kind"] == "test"] == [1], name
+    assert (out / "curves_vs_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = (out / "summary.md").read_text()
+    assert all(f"| {name} | " in summary for name in runs), summary
+    assert "| Ok-Topk, P = 4: dev WER within 5% relative of dense fp32" in summary
+
+
 def test_gpu_suite_reports_a_failed_step_and_goes_on(unpacked, tmp_path):
     folder, env, _ = unpacked
     out = tmp_path / "suite"
