@@ -25,7 +25,8 @@
 # --study [--seed S]: issue 23's accuracy study instead of the four trainings above, also trainings only:
 #                dense on 1 rank, Ok-Topk on 1 rank (the exact global top-k), Ok-Topk on 4 ranks and the
 #                remedy (Ok-Topk, compression.options.local_factor=2) on 4 ranks, concurrently, at the same
-#                seed and schedule (EPOCHS default 161, the paper's; each stops when the time is up); each
+#                seed and schedule (EPOCHS default 161, the paper's; each stops when the time is up; features
+#                cached in memory: data.cache_features); each
 #                run's metrics copied flat to metrics_<run>.jsonl and the dev-WER / loss curves of all four
 #                in one plot (curves_vs_step.png, scripts/compare_runs.py)                -> summary.md
 # --dry-run: every step with tiny sizes on the CPU (lstman4_tiny, 2 steps, 16 utterances, 1 epoch) to
@@ -164,6 +165,9 @@ else
 fi
 t0=$SECONDS
 common=(distributed.world_size=null out_dir="$OUT/runs" "${TRAIN[@]}" train.max_minutes="$max_minutes" seed="$SEED")
+if ((STUDY)); then  # more epochs per minute: features computed once (no audio read, no STFT after epoch 1)
+    common+=(data.num_workers=0 data.cache_features=true)
+fi
 declare -A train_pids=()
 train_run() {  # train_run NAME RANKS OVERRIDES...: in the background, its output in train_NAME.log
     local name=$1 ranks=$2

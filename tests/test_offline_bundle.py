@@ -308,6 +308,7 @@ def test_gpu_suite_study_dry_run_from_the_bundle(unpacked, tmp_path):
         config = yaml.safe_load((out / f"config_{name}.yaml").read_text())
         assert (config["compression"]["algorithm"], config["distributed"]["world_size"], config["seed"],
                 config["compression"]["options"]) == (algorithm, ranks, 3, options), name
+        assert config["data"]["cache_features"] and config["data"]["num_workers"] == 0, name
         metrics = [json.loads(line) for line in (out / f"metrics_{name}.jsonl").read_text().splitlines()]
         assert [m["epoch"] for m in metrics if m["kind"] == "test"] == [1], name
     assert (out / "curves_vs_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -280,3 +280,42 @@ def test_run_local_refuses_bad_arguments_before_doing_anything(args, message):
     script = Path(__file__).resolve().parent.parent / "scripts" / "run_local.sh"
     proc = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_cached_features_are_the_same_items_and_read_the_audio_once(tiny_manifest, monkeypatch):
+    """data.cache_features: every epoch's items (masks included) are bitwise those of an uncached dataset, and
+    the audio of an utterance is read once, however many epochs read it."""
+    import sparse_asr.data.dataset as dataset_module
+    from sparse_asr.data.audio import SpecAugment
+
+    reads = []
+    original = dataset_module.load_audio
+    monkeypatch.setattr(dataset_module, "load_audio", lambda path, rate: reads.append(path) or original(path, rate))
+    augment = SpecAugment(2, 15, 2, 25, 0.1)
+    plain = SpeechDataset(tiny_manifest, augment=augment, seed=3)
+    cached = SpeechDataset(tiny_manifest, augment=augment, seed=3, cache=True)
+    for epoch in range(3):
+        plain.set_epoch(epoch)
+        cached.set_epoch(epoch)
+        for i in range(len(plain)):
+            a, b = plain[i], cached[i]
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2], (epoch, i)
+    n = len(plain)
+    assert len(reads) == 3 * n + n  # the plain dataset every epoch, the cached one once
+    assert not torch.equal(plain[0][0], cached.cache[0])  # the masks were drawn on a copy, not on the cache
+
+
+def test_checkpoint_every_epochs_keeps_the_last_and_the_best(tiny_manifest, tmp_path):
+    from sparse_asr.training.config import ConfigError, load_config
+
+    run_training(tiny_on(tiny_manifest, tmp_path, "every", train__epochs=5, train__checkpoint_every_epochs=2,
+                         train__eval_every_epochs=0, train__keep_checkpoints=9))
+    steps = sorted(p.name for p in (tmp_path / "every" / "checkpoints").glob("step-*"))
+    assert steps == ["step-00000004", "step-00000008", "step-00000010"], steps  # epochs 2, 4 and the last, 5
+    run_training(tiny_on(tiny_manifest, tmp_path, "best", train__epochs=3, train__checkpoint_every_epochs=5,
+                         train__keep_checkpoints=9))
+    best = (tmp_path / "best" / "checkpoints" / "best").resolve().name
+    steps = sorted(p.name for p in (tmp_path / "best" / "checkpoints").glob("step-*"))
+    assert best in steps and steps[-1] == "step-00000006", (best, steps)  # the best epoch's and the last
+    with pytest.raises(ConfigError, match="data.cache_features needs data.num_workers=0"):
+        load_config(None, ["data.cache_features=true", "data.num_workers=2"])

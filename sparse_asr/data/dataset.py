@@ -29,12 +29,15 @@ class SpeechDataset(torch.utils.data.Dataset):
     trainer calls set_epoch(e) before each epoch, as it does for the sampler."""
 
     def __init__(self, manifest, features: FeatureExtractor | None = None, augment: SpecAugment | None = None,
-                 seed: int = 0):
+                 seed: int = 0, cache: bool = False):
         df = manifest if isinstance(manifest, pd.DataFrame) else read_manifest(manifest)
         self.source = df.attrs.get("manifest", "<DataFrame>")
         self.features = features if features is not None else FeatureExtractor()
         self.augment = augment if augment is not None and augment.enabled else None
         self.seed, self.epoch = seed, 0
+        # cache: each utterance's clean features kept after their first computation (masks are drawn on a copy),
+        # so later epochs read no audio and run no STFT. In this process only (data.num_workers must be 0).
+        self.cache: dict[int, torch.Tensor] | None = {} if cache else None
         self.audio = df["audio"].tolist()
         self.durations = df["duration"].to_numpy(dtype=float)
         self.transcripts = df["transcript"].tolist()
@@ -61,11 +64,15 @@ class SpeechDataset(torch.utils.data.Dataset):
         self.epoch = epoch
 
     def __getitem__(self, i: int):
-        wave = load_audio(self.audio[i], self.features.sample_rate)
-        try:
-            feats = self.features(wave)
-        except ValueError as e:
-            raise AudioError(f"{self.audio[i]}: {e}") from None
+        feats = self.cache.get(i) if self.cache is not None else None
+        if feats is None:
+            wave = load_audio(self.audio[i], self.features.sample_rate)
+            try:
+                feats = self.features(wave)
+            except ValueError as e:
+                raise AudioError(f"{self.audio[i]}: {e}") from None
+            if self.cache is not None:
+                self.cache[i] = feats
         if self.augment is not None:
             feats = self.augment(feats, np.random.default_rng([self.seed, self.epoch, i, AUGMENT_STREAM]))
         return feats, self.targets[i], i

@@ -61,6 +61,9 @@ class DataConfig:
     test_manifest: str = setting("manifests/an4_test.csv")  # "" = no test evaluation at the end
     # DataLoader worker processes per rank (features are computed on the fly)
     num_workers: int = setting(0, natural, "must be >= 0", resume_safe=True)
+    # Keep every utterance's features after their first computation (AN4's train set: ~0.2 GB): from the
+    # second epoch on no audio is read and no STFT runs. Needs num_workers 0 (a worker's cache dies with it).
+    cache_features: bool = setting(False, resume_safe=True)
     # Quick runs: keep only the N shortest utterances (0 = all) of train, and of dev and test.
     max_train_utterances: int = setting(0, natural, "must be >= 0 (0 = all)")
     max_eval_utterances: int = setting(0, natural, "must be >= 0 (0 = all)")
@@ -91,6 +94,9 @@ class TrainConfig:
     checksum_every: int = setting(0, natural, "must be >= 0", resume_safe=True)
     # also checkpoint every N optimizer steps (0 = only at epoch ends)
     checkpoint_every_steps: int = setting(0, natural, "must be >= 0", resume_safe=True)
+    # checkpoint at every N-th epoch's end; the last epoch, a run stopped by max_minutes and an epoch whose dev
+    # WER is the best so far (checkpoints/best stays exact) are always checkpointed
+    checkpoint_every_epochs: int = setting(1, positive, "must be >= 1", resume_safe=True)
     # newest step checkpoints kept on disk (plus the ones last and best point at)
     keep_checkpoints: int = setting(2, positive, "must be >= 1", resume_safe=True)
     # run or checkpoint directory to continue; "auto" = continue `name` if it has a checkpoint
@@ -353,6 +359,9 @@ def _check_values(cfg: Config, where) -> None:
         fail("name", "must be a plain directory name")
     if cfg.optim.nesterov and cfg.optim.momentum <= 0:
         fail("optim.nesterov", "needs optim.momentum > 0")
+    if cfg.data.cache_features and cfg.data.num_workers:
+        fail("data.cache_features", "needs data.num_workers=0 (each worker process would hold its own cache, lost "
+                                    "with it)")
     _check_model(cfg.model.name, where)
     _check_compression(cfg.compression, where)
 

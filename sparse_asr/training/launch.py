@@ -103,9 +103,11 @@ def load_data(cfg: Config, comm) -> tuple[TrainingData, str]:
                           + (f" (data.max_train_utterances={d.max_train_utterances})" if d.max_train_utterances else "")
                           + f", fewer than one global batch (train.global_batch_size={cfg.train.global_batch_size})")
     augment = SpecAugment(d.freq_masks, d.freq_mask_width, d.time_masks, d.time_mask_width, d.time_mask_max_fraction)
-    train = SpeechDataset(frames["train"], augment=augment, seed=cfg.seed)
-    data = TrainingData(train, SpeechDataset(frames["dev"]), SpeechDataset(frames["test"]) if "test" in frames else None,
-                make_sampler(cfg, comm, train))
+    cache = d.cache_features
+    train = SpeechDataset(frames["train"], augment=augment, seed=cfg.seed, cache=cache)
+    data = TrainingData(train, SpeechDataset(frames["dev"], cache=cache),
+                        SpeechDataset(frames["test"], cache=cache) if "test" in frames else None,
+                        make_sampler(cfg, comm, train))
     t0 = time.perf_counter()
     checked = check_manifest_audio(comm, list(frames.values()))
     seconds = time.perf_counter() - t0

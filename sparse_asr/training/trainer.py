@@ -124,7 +124,9 @@ class Trainer:
                 results["dev"] = self.evaluate_set("val", data.dev)
                 improved = results["dev"].get("wer", math.inf) < progress.best_wer
                 progress.best_wer = min(progress.best_wer, results["dev"].get("wer", math.inf))
-            self.save(best=improved)
+            if improved or out_of_time or progress.epoch % cfg.train.checkpoint_every_epochs == 0 \
+                    or progress.epoch == cfg.train.epochs:
+                self.save(best=improved)
             if out_of_time:
                 log.info(f"stopping after epoch {progress.epoch} of {cfg.train.epochs}: another epoch would likely "
                          f"end past train.max_minutes={cfg.train.max_minutes:g} (resume to go on)")
@@ -177,15 +179,13 @@ class Trainer:
         buffers = {k: v.detach().cpu().clone() for k, v in self.model.named_buffers() if v.is_floating_point()}
         mine = RankState(compressor=self.compressor.state_dict(), rng=rng_state(), buffers=buffers,
                          **self.meter.state_dict())
-        # warmup_steps: fixed when the run started; metrics_rows: the metrics.jsonl lines written so far (a
-        # resume drops the lines after them).
+        # warmup_steps: fixed when the run started; metrics_rows: metrics.jsonl's lines (a resume drops later ones)
         return TrainingState(config=to_dict(self.cfg), model=self.model.state_dict(),
                              optimizer=self.optimizer.state_dict(), progress=self.progress, mine=mine,
                              extra={"warmup_steps": self.compressor.warmup_steps, "metrics_rows": self.log.rows})
 
     def restore(self, state: TrainingState) -> None:
-        """Continue from a checkpoint that fits this run (launch.check_fits said so). Each rank takes its own
-        BatchNorm statistics (after the start-up broadcast)."""
+        """Continue from a checkpoint that fits this run (launch.check_fits); each rank takes its own BN statistics."""
         self.model.load_state_dict({**state.model, **state.mine.buffers})
         self.optimizer.load_state_dict(state.optimizer)
         self.compressor.load_state_dict(state.mine.compressor)
