@@ -1,10 +1,11 @@
 """Shared fixtures: AN4 prepared from the project's copy of the archive (required by the suite), one torch thread;
-and the test tiers. Every test gets exactly one tier marker (pytest -m TIER):
+and the test tiers. Every test is in a tier (pytest -m TIER; an mpiexec test in a tooling module is in both):
   unit     in-process, no AN4 audio, no MPI launch: the edit-test loop (bash scripts/test.sh --quick)
   data     reads the real AN4 corpus (uses one of DATA_FIXTURES), in process
   mpi      launches ranks with mpiexec (marked where the test is written)
-  tooling  drives the project's shell scripts and bundles as a user would (module-level pytestmark)
-mpi and tooling are marked by hand; data and unit follow from the fixtures a test uses, so they cannot drift."""
+  tooling  drives the project's scripts, entry points and bundles in subprocesses, as a user would
+mpi and tooling are marked by hand (and data where a test reads the corpus without a fixture); otherwise data
+and unit follow from the fixtures a test uses, so they cannot drift."""
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ TIERS = ("unit", "data", "mpi", "tooling")
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        marked = [tier for tier in ("mpi", "tooling") if item.get_closest_marker(tier)]
+        marked = [tier for tier in ("mpi", "tooling", "data") if item.get_closest_marker(tier)]
         if not marked:
             item.add_marker("data" if DATA_FIXTURES & set(item.fixturenames) else "unit")
 

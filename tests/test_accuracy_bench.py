@@ -12,6 +12,8 @@ from sparse_asr.models import build_model
 from sparse_asr.models.sync_batchnorm import SyncBatchNorm
 from tests.reference import ring_allreduce_bytes
 
+pytestmark = pytest.mark.tooling
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -2,10 +2,13 @@
 written, loaded and timed, and their sizes add up (the state is the same, only its layout differs)."""
 import json
 
+import pytest
+
 from sparse_asr.models import build_model
 from tests.mpi_helpers import check_mpi
 
 
+@pytest.mark.mpi
 def test_checkpoint_io_two_ranks(tmp_path):
     report_path = tmp_path / "checkpoint_io.json"
     stdout = check_mpi(2, ["bench/checkpoint_io.py", "--model", "lstman4_tiny", "--repeats", "2",

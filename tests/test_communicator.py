@@ -15,6 +15,7 @@ def test_communicator_under_mpiexec(nprocs):
     assert f"ok communicator P={nprocs}" in check_mpi(nprocs, MODULE, timeout=120)
 
 
+@pytest.mark.tooling
 @pytest.mark.parametrize("flags", [[], ["--no-mpi"]], ids=["singleton", "without-mpi4py"])
 def test_communicator_one_process_without_mpiexec(flags):
     """P = 1 works when started as a plain `python` (MPI singleton) and when mpi4py is missing."""

@@ -59,6 +59,7 @@ def compare(*args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
 
 
+@pytest.mark.tooling
 def test_command_line():
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), "--help"],
                           capture_output=True, text=True, timeout=120)

@@ -11,6 +11,8 @@ import pytest
 from tests.conftest import REPO
 from tests.mpi.train_common import SMOKE_CONFIG, read_metrics, tiny_overrides
 
+pytestmark = pytest.mark.data  # every case runs the real entry points on the real corpus
+
 
 def train_cli(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True,

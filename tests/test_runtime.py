@@ -22,6 +22,7 @@ def run_python(args, env=None, **kw):
                           text=True, timeout=120, **kw)
 
 
+@pytest.mark.tooling
 def test_a_user_error_is_one_line_without_traceback():
     proc = run_python(ERROR_MODULE + ["config"], {"SPARSE_ASR_TRACEBACK": ""})
     assert proc.returncode == 1
@@ -30,6 +31,7 @@ def test_a_user_error_is_one_line_without_traceback():
     assert proc.stderr == "rank 0: FileNotFoundError: checkpoint runs/x/last.pt does not exist\n"
 
 
+@pytest.mark.tooling
 def test_a_bug_or_traceback_requested_prints_the_traceback():
     proc = run_python(ERROR_MODULE + ["bug"], {"SPARSE_ASR_TRACEBACK": ""})
     assert proc.returncode == 1
