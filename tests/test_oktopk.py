@@ -1,6 +1,6 @@
 """Ok-Topk: exact against a numpy reference, invariants over 200 realistic steps, the original's
-unsorted-intersection bug, the 6k(P-1)/P volume bound, exact resume, the count tracking k and the
-rebalanced allgather, on P = 1..4 real ranks (tests/mpi/oktopk_check.py), plus single-process
+unsorted-intersection bug, the 6k(P-1)/P volume bound, exact resume, the count tracking k, the
+rebalanced allgather and the complete_values option, on P = 1..4 real ranks (tests/mpi/oktopk_check.py), plus single-process
 checks of the pieces."""
 import math
 
@@ -20,7 +20,7 @@ from sparse_asr.compression.oktopk import (
 )
 from tests.mpi_helpers import check_mpi
 
-CHECKS = ("exact", "unsorted", "resume", "volume", "default", "tracks", "rebalance")
+CHECKS = ("exact", "unsorted", "resume", "volume", "default", "tracks", "rebalance", "complete")
 
 
 @pytest.mark.mpi

@@ -190,14 +190,19 @@ class Communicator:
 
     def allgather_int(self, value: int) -> list[int]:
         """Every rank's integer, in rank order (e.g. message sizes). Counted as op 'meta'."""
+        return [v[0] for v in self.allgather_ints([value])]
+
+    def allgather_ints(self, values: list[int]) -> list[list[int]]:
+        """Every rank's list of integers (the same length on every rank), in rank order, in one
+        exchange. Counted as op 'meta': 8 bytes per integer from each other rank."""
         t0 = time.perf_counter()
         if self.size == 1:
-            return [int(value)]
-        buf = np.empty(self.size, dtype=np.int64)
-        self._comm.Allgather(np.array([value], dtype=np.int64), buf)
-        P = self.size
-        self._count("meta", t0, 8 * (P - 1), 8 * (P - 1), P - 1, P - 1)
-        return [int(v) for v in buf]
+            return [[int(v) for v in values]]
+        P, m = self.size, len(values)
+        buf = np.empty((P, m), dtype=np.int64)
+        self._comm.Allgather(np.array(values, dtype=np.int64), buf)
+        self._count("meta", t0, 8 * m * (P - 1), 8 * m * (P - 1), P - 1, P - 1)
+        return buf.tolist()
 
     def alltoallv(self, t: torch.Tensor, send_counts: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Rank r sends t[displ_j : displ_j + send_counts[j]] to rank j; returns what arrived, in

@@ -22,12 +22,18 @@ One step on every rank r, with acc = grad + residual and k = density * n:
      pairs: a ring allgatherv, which MPI uses at these sizes, takes P-1 steps each as long as the
      largest block, so evening the blocks out pays for moving the excess once more from P = 4 on
      in bench/project_scaling.py's model with the measured imbalance (docs/results/oktopk_floor.md);
-     at P = 2 the excess crosses the one link either way, so it is skipped.
+     at P = 2 the excess crosses the one link either way, so it is skipped;
+  6. only with the `complete_values` option (issue 20's remedy): step 5 gathers the indices alone and
+     one allreduce sums every rank's acc at them, so an applied entry carries all P ranks' values, not
+     only those of the ranks that picked it locally, and leaves every rank's residual (applied = G).
+     Measured along a dense trajectory (docs/results.md, "selection quality"), this is what closes
+     most of the gap to the exact global top-k at P = 4 and 8.
 The base class divides by P and clears exactly applied = S_r ∩ G from the residual, computed with
 an order-free membership test (the original intersected unsorted arrays and left residuals
 uncleared on recompute steps). P = 1 runs the same code: no transfers, G = S_0 above the global
 threshold. Volume per rank ~ 2k(P-1)/P words for the reduce + 2k(P-1)/P for the allgather, plus
-small count/histogram exchanges, below the paper's 6k(P-1)/P bound.
+small count/histogram exchanges, below the paper's 6k(P-1)/P bound (complete_values: 2k(P-1)/P for the
+reduce, k(P-1)/P for the indices and 2k(P-1)/P for the allreduce).
 
 Point-to-point rather than alltoallv for the reduce: the rotation is the algorithm's, not left to
 the MPI library, empty messages are skipped, and the same isend/irecv calls exist in
@@ -37,7 +43,7 @@ Host synchronisations on CUDA in a reuse step (each stalls the host until the GP
 local selection's nonzero and the reduce's per-region counts (both set the reduce's message sizes),
 the global selection's nonzero (the allgatherv's sizes), staging through host memory when MPI is
 not CUDA-aware, and, after the last transfer, the applied set's size (SparseUpdate.applied is a list of
-indices) and the two counts the controllers' elasticities need (one transfer). Exact steps add the
+indices) and the local controller's elasticity count (the global one's rides with the owners' counts). Exact steps add the
 k-th value of torch.topk and one histogram per radix round. The reduced region is kept with its
 repeated indices (summed into the first, 0 elsewhere) so that no sync sizes a unique set.
 """
@@ -67,7 +73,7 @@ MAX_ELASTICITY = 64.0
 ELASTICITY_STEP = 0.02  # the elasticity is measured between t and t * (1 + this)
 REDUCE_TAG = 4711
 REBALANCE_TAG = 4712
-PHASES = ("repartition", "reduce", "global_threshold", "global_count", "rebalance", "allgather")
+PHASES = ("repartition", "reduce", "global_threshold", "global_count", "rebalance", "allgather", "complete")
 
 
 @dataclass
@@ -198,6 +204,10 @@ class OkTopkOptions:
     # rank's values reach the owners, so a globally selected entry carries more ranks' contributions
     # (issue 20's remedy (a)); the reduce then moves local_factor times the pairs.
     local_factor: float = 1.0
+    # After the global selection G, every rank contributes its acc at every index of G (one allreduce of the
+    # k values) instead of only at its own local picks: an applied entry carries all P ranks' values and
+    # leaves every rank's residual, as in the oracle; only G is Ok-Topk's (issue 20's remedy (d)).
+    complete_values: bool = False
 
     def check(self, name: str) -> None:
         for key in ("local_threshold_interval", "global_threshold_interval", "repartition_interval"):
@@ -233,12 +243,16 @@ class OkTopk(SparseCompressor):
     def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:
         """The paper's bounds [2k(P-1)/P, 6k(P-1)/P]; typically k pairs reduced to balanced regions and k
         pairs allgathered, 4k(P-1)/P. With local_factor c the reduce moves c times the pairs: typically
-        (2c + 2)k(P-1)/P, at most (4c + 2)k(P-1)/P. Messages: the reduce and the allgather, plus the
-        threshold rounds."""
-        c = (options or OkTopkOptions()).local_factor
+        (2c + 2)k(P-1)/P, at most (4c + 2)k(P-1)/P. With complete_values the allgather moves k indices
+        (k(P-1)/P) and a ring allreduce of k values (2k(P-1)/P) follows: typically (2c + 3)k(P-1)/P.
+        Messages: the reduce and the allgather, plus the threshold rounds (and the allreduce)."""
+        options = options or OkTopkOptions()
+        c, extra = options.local_factor, (1 if options.complete_values else 0)
         rounds = math.ceil(math.log2(P)) if P > 1 else 0
-        return Cost(2 * k * (P - 1) / P, (4 * c + 2) * k * (P - 1) / P, (2 * c + 2) * k * (P - 1) / P,
-                    2 * (P - 1) + 2 * rounds, "[2k(P-1)/P, 6k(P-1)/P]" if c == 1 else f"[2k, {4 * c + 2:g}k](P-1)/P")
+        low, high, typical = 2 + extra, 4 * c + 2 + extra, 2 * c + 2 + extra
+        formula = "[2k(P-1)/P, 6k(P-1)/P]" if (c, extra) == (1, 0) else f"[{low:g}k, {high:g}k](P-1)/P"
+        return Cost(low * k * (P - 1) / P, high * k * (P - 1) / P, typical * k * (P - 1) / P,
+                    (2 + 2 * extra) * (P - 1) + 2 * rounds, formula)
 
     # ------------------------------------------------------------------ one step
     def exchange(self, acc: torch.Tensor) -> SparseUpdate:
@@ -262,21 +276,30 @@ class OkTopk(SparseCompressor):
 
         # 4. global selection inside my region
         with Timer() as t_global:
-            g_idx, g_vals, counts, recomputed_global, guard_global = self._select_global(
+            g_idx, g_vals, owner_counts, recomputed_global, guard_global = self._select_global(
                 region_idx, region_vals, self._due(self.global_threshold_interval), figures
             )
         global_threshold_used = self.global_control.threshold
 
-        # 5. allgather of the selected pairs
-        all_idx, all_vals, imbalance_before, imbalance_after = self._allgather(g_idx, g_vals, counts, figures)
+        # 5. allgather of the selected pairs (of their indices alone with complete_values)
+        counts = [count for count, _ in owner_counts]
+        complete = self.options.complete_values
+        all_idx, all_vals, imbalance_before, imbalance_after = self._allgather(
+            g_idx, None if complete else g_vals, counts, figures)
 
-        # Applied on this rank: its selected entries that made it into the global selection.
-        applied = intersect_unique(idx, all_idx)
+        if complete:
+            # 6. every rank's acc at every selected index, summed: every rank applies all of them
+            with self._phase(figures, "complete"):
+                all_vals = comm.allreduce_(acc[all_idx.long()])
+            applied = all_idx
+        else:
+            # Applied on this rank: its selected entries that made it into the global selection.
+            applied = intersect_unique(idx, all_idx)
 
-        count_local, count_global = int(idx.numel()), int(all_idx.numel())
-        above = torch.stack([(vals.abs() >= local_threshold_used * (1 + ELASTICITY_STEP)).sum(),
-                             (all_vals.abs() >= global_threshold_used * (1 + ELASTICITY_STEP)).sum()]).tolist()
-        local_elasticity, global_elasticity = elasticity(count_local, above[0]), elasticity(count_global, above[1])
+        count_local, count_global = int(idx.numel()), sum(counts)
+        local_above = int((vals.abs() >= local_threshold_used * (1 + ELASTICITY_STEP)).sum())
+        local_elasticity = elasticity(count_local, local_above)
+        global_elasticity = elasticity(count_global, sum(above for _, above in owner_counts))
         self.local_control.update(count_local, self.k_local, local_elasticity)
         self.global_control.update(count_global, k, global_elasticity)
         self.sparse_steps += 1
@@ -342,15 +365,16 @@ class OkTopk(SparseCompressor):
         return idx, acc[idx], True, not due
 
     def _select_global(self, region_idx, region_vals, due: bool, figures: dict):
-        """My region's pairs with |value| >= the global threshold, every owner's count of them,
-        recomputed exactly?, was that the guard? The counts are exchanged anyway for the
-        allgather, so checking the guard band costs nothing unless it fires."""
+        """My region's pairs with |value| >= the global threshold, every owner's [count of them, count
+        of them >= threshold x (1 + ELASTICITY_STEP)], recomputed exactly?, was that the guard? The
+        counts are exchanged anyway for the allgather (and the controller's elasticity), so checking
+        the guard band costs nothing unless it fires."""
         k, comm, control = self.k, self.comm, self.global_control
         if not due:
             keep = threshold_indices(region_vals, control.threshold)
             with self._phase(figures, "global_count"):
-                counts = comm.allgather_int(keep.numel())
-            if in_guard_band(sum(counts), k):
+                counts = self._owner_counts(region_vals[keep], control.threshold)
+            if in_guard_band(sum(count for count, _ in counts), k):
                 return region_idx[keep], region_vals[keep], counts, False, False
         with self._phase(figures, "global_threshold"):
             # The regions are disjoint parts of [0, n): total counts fit int32 when n does.
@@ -361,8 +385,12 @@ class OkTopk(SparseCompressor):
         control.exact(t, guard=not due)
         keep = threshold_indices(region_vals, control.threshold)
         with self._phase(figures, "global_count"):
-            counts = comm.allgather_int(keep.numel())
+            counts = self._owner_counts(region_vals[keep], control.threshold)
         return region_idx[keep], region_vals[keep], counts, True, not due
+
+    def _owner_counts(self, kept_vals: torch.Tensor, threshold: float) -> list[list[int]]:
+        above = int((kept_vals.abs() >= threshold * (1 + ELASTICITY_STEP)).sum())
+        return self.comm.allgather_ints([kept_vals.numel(), above])
 
     def _due(self, interval: int) -> bool:
         return self.sparse_steps % interval == 0  # the first step is always due
@@ -411,19 +439,21 @@ class OkTopk(SparseCompressor):
         region_idx, region_vals = sum_sorted_runs(*unpack_pairs(runs, self.index_dtype))
         return region_idx, region_vals, sum(recv_counts) - recv_counts[r]
 
-    def _allgather(self, g_idx: torch.Tensor, g_vals: torch.Tensor, counts: list[int], figures: dict):
-        """Allgather every owner's selected pairs (concatenated in owner order, hence sorted),
-        re-blocked first to equal shares if the `rebalance` option is on (P > 2). Returns (indices,
-        values, max/mean contribution before, after); puts what a re-block moves to this rank
-        (done or not) in figures, for bench/project_scaling.py's model of the allgatherv."""
+    def _allgather(self, g_idx: torch.Tensor, g_vals: torch.Tensor | None, counts: list[int], figures: dict):
+        """Allgather every owner's selected pairs (concatenated in owner order, hence sorted), or
+        its indices alone when g_vals is None, re-blocked first to equal shares if the `rebalance`
+        option is on (P > 2). Returns (indices, values or None, max/mean contribution before,
+        after); puts what a re-block moves to this rank (done or not) in figures, for
+        bench/project_scaling.py's model of the allgatherv."""
         P, r = self.comm.size, self.comm.rank
-        pb = pair_bytes(self.index_dtype)
+        index_only = g_vals is None
+        pb = torch.empty(0, dtype=self.index_dtype).element_size() if index_only else pair_bytes(self.index_dtype)
         total = sum(counts)
         shares = [total // P + (1 if q < total % P else 0) for q in range(P)]
         moves = [m for m in reblock_moves(counts, shares) if m[1] == r]
         figures["rebalance_pairs_in"] = float(sum(hi - lo for _, _, lo, hi in moves))
         figures["rebalance_messages_in"] = float(len(moves))
-        buf = pack_pairs(g_idx.to(self.index_dtype), g_vals)
+        buf = g_idx.to(self.index_dtype).view(torch.uint8) if index_only else pack_pairs(g_idx.to(self.index_dtype), g_vals)
         rebalance = self.options.rebalance and P > 2  # at P = 2 the excess would cross the one link either way
         if rebalance and counts != shares:
             with self._phase(figures, "rebalance"):
@@ -431,7 +461,7 @@ class OkTopk(SparseCompressor):
         sizes = shares if rebalance else counts
         with self._phase(figures, "allgather"):
             out, _ = self.comm.allgatherv(buf, counts=[s * pb for s in sizes])
-        indices, values = unpack_pairs(out, self.index_dtype)
+        indices, values = (out.view(self.index_dtype), None) if index_only else unpack_pairs(out, self.index_dtype)
         mean = total / P
         before = max(counts) / mean if total else 1.0
         after = max(sizes) / mean if total else 1.0

@@ -14,6 +14,9 @@ Checks (each asserts; any failure exits non-zero on every rank):
             counts after the first 16 of 64 steps are within 5% of k
   rebalance the allgather without the re-cut to equal shares (option rebalance, on by default):
             exact against the reference, invariants over 40 default steps, shares as counted
+  complete  option complete_values: exact against the reference, then 40 default steps: residual = acc
+            with all of G zeroed on every rank, mass conserved, exact bytes of the index-only
+            allgather (4 per index) and of the values' ring allreduce (2 x 4 G(P-1)/P)
 """
 import importlib.util
 import sys
@@ -27,7 +30,7 @@ from mpi4py import MPI
 import sparse_asr.compression.oktopk as oktopk_module
 from sparse_asr.comm import Communicator
 from sparse_asr.compression.oktopk import OkTopk
-from tests.reference import oktopk_reference
+from tests.reference import oktopk_expected
 
 comm = Communicator()
 P, RANK = comm.size, comm.rank
@@ -70,9 +73,10 @@ class CorrelatedGradients:
         return torch.from_numpy(g.astype(np.float32))
 
 
-def reference_step(acc: np.ndarray, k: int):
-    """tests/reference.py's Ok-Topk for acc (P, n): (output, residuals)."""
-    total, _, applied = oktopk_reference(list(acc), k)
+def reference_step(acc: np.ndarray, k: int, options: dict):
+    """tests/reference.py's Ok-Topk for acc (P, n) and these options: (output, residuals)."""
+    expected = oktopk_expected(list(acc), k, None, options, 0)
+    total, applied = expected.total, expected.applied
     residuals = acc.copy()
     for r, idx in enumerate(applied):
         residuals[r, idx] = 0.0
@@ -87,7 +91,7 @@ def check_exact(**options):
     for step in range(steps):
         grad = torch.from_numpy((scale * rng.standard_normal(n)).astype(np.float32))
         acc = gather(comp.residual + grad)
-        out_ref, res_ref = reference_step(acc, comp.k)
+        out_ref, res_ref = reference_step(acc, comp.k, options)
         flat = grad.clone()
         stats = comp.step(flat)
         assert stats.selected_local == comp.k, (step, stats.selected_local, comp.k)
@@ -253,8 +257,31 @@ def check_rebalanced_steps(comp, grads, steps):
             assert after == before, stats.extra
 
 
+def check_complete():
+    check_exact(complete_values=True)
+    n, density, steps = 20000, 0.01, 40
+    comp = OkTopk(comm, n, density, complete_values=True)
+    grads = CorrelatedGradients(n, seed=4)
+    for step in range(steps):
+        grad = grads.next()
+        acc = comp.residual + grad
+        flat = grad.clone()
+        stats = comp.step(flat)
+        in_g = flat != 0
+        G = stats.selected_global
+        assert int(in_g.sum()) == G and comp.k / 2 <= G <= 2 * comp.k, (step, int(in_g.sum()), G, comp.k)
+        assert torch.equal(comp.residual, torch.where(in_g, torch.zeros_like(acc), acc)), f"step {step}: residual is not acc minus G"
+        total_acc = reduce64(acc, MPI.SUM)
+        total_after = reduce64(comp.residual, MPI.SUM) + P * flat.double().numpy()
+        np.testing.assert_allclose(total_after, total_acc, rtol=1e-6, atol=1e-6 * np.abs(total_acc).max(), err_msg=f"step {step} mass")
+        gathered = comm.allgather_object(stats.extra["bytes_recv_allgather"])  # each rank gets all G but its own block
+        assert sum(gathered) == 4 * G * (P - 1), (step, gathered, G)
+        assert stats.extra["bytes_recv_complete"] == 2 * 4 * G * (P - 1) // P, (step, stats.extra["bytes_recv_complete"], G)
+
+
 CHECKS = {"exact": check_exact, "default": check_default, "unsorted": check_unsorted, "volume": check_volume,
-          "resume": check_resume, "tracks": check_tracks, "rebalance": check_rebalance}
+          "resume": check_resume, "tracks": check_tracks, "rebalance": check_rebalance,
+          "complete": check_complete}
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
