@@ -2,10 +2,16 @@
 
     python bench/gpu_report.py env DIR [--require-cuda]   # -> DIR/env.json, DIR/nvidia-smi.txt, text on stdout
     python bench/gpu_report.py summary DIR                # -> markdown on stdout (gpu_suite.sh: DIR/summary.md)
+    python bench/gpu_report.py rate DIR [--epochs 161]    # epochs per minute, before/after -> markdown on stdout
 
 summary reads what the suite left in DIR: steps.tsv (status of every step), env.json, selection.md
 (bench/selection.py's table), step_time_*.json (bench/step_time.py --json) and runs/*/ (config.yaml and
-metrics.jsonl of the trainings). A missing or failed part is reported as such; the rest still is.
+metrics.jsonl of the trainings) and rate.md (the study's epochs per minute). A missing or failed part is reported
+as such; the rest still is.
+
+rate reads metrics_rate_before.jsonl and metrics_rate_after.jsonl: a run's rate is (epoch ends - 1) / the time
+between its first and last epoch end, so it counts everything an epoch costs in the loop (training, dev scoring,
+checkpoints) and nothing of the start-up.
 """
 from __future__ import annotations
 
@@ -167,6 +173,33 @@ def accuracy_section(runs: list[dict]) -> tuple[list[str], list[str]]:
     return lines, rows
 
 
+def epoch_rate(metrics_file: Path) -> tuple[int, float | None]:
+    """(epochs ended, epochs per minute between the first and the last epoch end; None with < 2 ends)."""
+    if not metrics_file.is_file():
+        return 0, None
+    ends = [json.loads(line)["time"] for line in metrics_file.read_text().splitlines()
+            if line and json.loads(line)["kind"] == "epoch"]
+    if len(ends) < 2 or ends[-1] <= ends[0]:
+        return len(ends), None
+    return len(ends), 60 * (len(ends) - 1) / (ends[-1] - ends[0])
+
+
+def rate_report(out_dir: Path, epochs: int = 161, target_minutes: float = 4.0) -> str:
+    """Issue 23's throughput table: dense lstman4 alone on the GPU before and after its settings."""
+    rates = {side: epoch_rate(out_dir / f"metrics_rate_{side}.jsonl") for side in ("before", "after")}
+    lines = ["| settings | epochs timed | epochs per minute | minutes for " + f"{epochs} epochs |", "|---|---|---|---|"]
+    for side, (ended, rate) in rates.items():
+        lines.append(f"| {side} | {ended} | {fmt(rate, '.1f')} | {fmt(epochs / rate if rate else None, '.1f')} |")
+    before, after = rates["before"][1], rates["after"][1]
+    speedup = after / before if before and after else None
+    lines += ["", "| target | measured | |", "|---|---|---|",
+              f"| epochs per minute x2 (issue 23) | {'n/a' if speedup is None else f'{speedup:.2f}x'} | {verdict(None if speedup is None else speedup >= 2)} |",
+              f"| {epochs} epochs of dense lstman4 alone in <= {target_minutes:g} minutes | "
+              f"{fmt(epochs / after if after else None, '.1f')} min | "
+              f"{verdict(None if not after else epochs / after <= target_minutes)} |"]
+    return "\n".join(lines) + "\n"
+
+
 def fmt(value, spec: str = ".3f") -> str:
     return "n/a" if value is None else format(value, spec)
 
@@ -251,6 +284,10 @@ def summary(out_dir: Path) -> str:
     if not runs:
         lines.append("| no result | | | | | | | | | | | | |")
 
+    if (out_dir / "rate.md").is_file():
+        lines += ["", "## Epochs per minute, dense lstman4 alone on the GPU (before / after issue 23's settings)", "",
+                  *(out_dir / "rate.md").read_text().splitlines()]
+
     accuracy, accuracy_targets = accuracy_section(runs)
     lines += ["", "## Accuracy at the same epochs", ""] + accuracy
     lines += ["", "## Targets", ""] + targets(selection, rows) + accuracy_targets
@@ -259,10 +296,14 @@ def summary(out_dir: Path) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["env", "summary"])
+    parser.add_argument("what", choices=["env", "summary", "rate"])
     parser.add_argument("dir", type=Path, help="the suite's results folder")
     parser.add_argument("--require-cuda", action="store_true", help="env: fail (exit 1) if CUDA is not available")
+    parser.add_argument("--epochs", type=int, default=161, help="rate: the schedule to project (the paper's 161)")
     args = parser.parse_args(argv)
+    if args.what == "rate":
+        print(rate_report(args.dir, args.epochs), end="")
+        return 0
     if args.what == "summary":
         print(summary(args.dir), end="")
         return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything issues 10 and 12 measure on a GPU node, in one command: one GPU, no network, at most 8 minutes.
 #
-#   bash bench/gpu_suite.sh [--out DIR] [--dry-run] [--trainings-only]
+#   bash bench/gpu_suite.sh [--out DIR] [--dry-run] [--trainings-only | --study [--seed S] [--no-speed]]
 #
 #   env            nvidia-smi, torch / CUDA / cuDNN versions, GPU name, MPI library    -> env.json, nvidia-smi.txt
 #   selection      bench/selection.py on CUDA: exact top-k methods vs threshold reuse  -> selection.md
@@ -22,13 +22,20 @@
 # warm-up) and SUITE_SECONDS. The trainings' checkpoints are deleted at the end unless KEEP_CHECKPOINTS=1.
 # --trainings-only: env, train and summary only, the trainings getting all of SUITE_SECONDS (enough for all
 # four to finish the same EPOCHS, so that test WERs compare at the same epochs).
-# --study [--seed S]: issue 23's accuracy study instead of the four trainings above, also trainings only:
-#                dense on 1 rank, Ok-Topk on 1 rank (the exact global top-k), Ok-Topk on 4 ranks and the
-#                remedy (Ok-Topk, compression.options.local_factor=2) on 4 ranks, concurrently, at the same
-#                seed and schedule (EPOCHS default 161, the paper's; each stops when the time is up; features
-#                cached in memory: data.cache_features); each
-#                run's metrics copied flat to metrics_<run>.jsonl and the dev-WER / loss curves of all four
-#                in one plot (curves_vs_step.png, scripts/compare_runs.py)                -> summary.md
+# --study [--seed S] [--no-speed]: issue 23's GPU study in one call (SUITE_SECONDS default 530):
+#   env
+#   rate           epochs per minute of dense lstman4 (recipe, 1 rank) alone on the GPU, before and after
+#                  issue 23's settings, RATE_SECONDS (default 45) each: "before" = the recipe as it is
+#                  (features recomputed by 2 loader workers, dev scored and a checkpoint every epoch),
+#                  "after" = features cached on the GPU (data.cache_features), dev every 2 epochs, checkpoints
+#                  only at the best dev WER and the end                                  -> rate_runs/, rate.md
+#   selection, step_P1, step_P1_bf16, step_P2: as above with STEPS default 24 and one density (issue 12's
+#                  speed targets); --no-speed leaves them out and gives their time to the trainings
+#   train          dense on 1 rank, Ok-Topk on 1 rank (the exact global top-k), Ok-Topk on 4 ranks and the
+#                  remedy (Ok-Topk, compression.options.complete_values=true) on 4 ranks, concurrently, at
+#                  the same seed and schedule (EPOCHS default 161, the paper's; each stops when the time is
+#                  up), with the "after" settings; each run's metrics copied flat to metrics_<run>.jsonl and
+#                  the dev-WER / loss curves of all four in one plot (curves_vs_step.png) -> summary.md
 # --dry-run: every step with tiny sizes on the CPU (lstman4_tiny, 2 steps, 16 utterances, 1 epoch) to
 # check the commands here rather than on the GPU. On a CPU without bfloat16 kernels (no AVX-512) the bf16
 # step and training are recorded as skipped, not run (train.py and step_time.py would refuse them).
@@ -37,17 +44,19 @@
 set -uo pipefail  # no -e: a failing step must not end the suite
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; }
 DRY_RUN=0
 TRAININGS_ONLY=0
 STUDY=0
+SPEED=1
 SEED=1
 OUT=""
 while (($#)); do
     case "$1" in
         --dry-run) DRY_RUN=1; shift ;;
         --trainings-only) TRAININGS_ONLY=1; shift ;;
-        --study) STUDY=1; TRAININGS_ONLY=1; shift ;;
+        --study) STUDY=1; shift ;;
+        --no-speed) SPEED=0; shift ;;
         --seed) [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || { echo "gpu_suite.sh: error: --seed needs an integer" >&2; exit 2; }
                 SEED=$2; shift 2 ;;
         --out) [[ $# -ge 2 && -n "$2" ]] || { echo "gpu_suite.sh: error: --out needs a directory" >&2; exit 2; }
@@ -64,12 +73,16 @@ fi
 for manifest in manifests/an4_train.csv manifests/an4_dev.csv manifests/an4_test.csv; do
     [[ -f "$manifest" ]] || { echo "gpu_suite.sh: error: $manifest is missing (prepare AN4, see README.md)" >&2; exit 2; }
 done
-STEPS=${STEPS:-64}
+((SPEED)) || ((STUDY)) || { echo "gpu_suite.sh: error: --no-speed goes with --study" >&2; exit 2; }
+((SPEED)) || TRAININGS_ONLY=1
+STEPS=${STEPS:-$( ((STUDY)) && echo 24 || echo 64 )}
 EPOCHS=${EPOCHS:-$( ((STUDY)) && echo 161 || echo 60 )}
-SUITE_SECONDS=${SUITE_SECONDS:-470}
-[[ "$STEPS" =~ ^[1-9][0-9]*$ && "$EPOCHS" =~ ^[1-9][0-9]*$ && "$SUITE_SECONDS" =~ ^[1-9][0-9]*$ ]] || {
-    echo "gpu_suite.sh: error: STEPS, EPOCHS and SUITE_SECONDS must be positive integers, got '$STEPS'," \
-         "'$EPOCHS', '$SUITE_SECONDS'" >&2; exit 2; }
+SUITE_SECONDS=${SUITE_SECONDS:-$( ((STUDY)) && echo 530 || echo 470 )}
+RATE_SECONDS=${RATE_SECONDS:-45}
+[[ "$STEPS" =~ ^[1-9][0-9]*$ && "$EPOCHS" =~ ^[1-9][0-9]*$ && "$SUITE_SECONDS" =~ ^[1-9][0-9]*$ &&
+   "$RATE_SECONDS" =~ ^[1-9][0-9]*$ ]] || {
+    echo "gpu_suite.sh: error: STEPS, EPOCHS, SUITE_SECONDS and RATE_SECONDS must be positive integers, got" \
+         "'$STEPS', '$EPOCHS', '$SUITE_SECONDS', '$RATE_SECONDS'" >&2; exit 2; }
 OUT=${OUT:-bench/results/gpu_suite-$( ((DRY_RUN)) && echo "dry-" )$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT" || exit 2
 
@@ -82,18 +95,24 @@ if ((DRY_RUN)); then  # the same commands, sized for seconds on a CPU
            optim.lr_warmup_steps=0 distributed.device=cpu train.threads=1)
     LIMITS=(env=60 selection=60 step_P1=90 step_P1_bf16=90 step_P2=120 summary=30)
     TRAIN_SECONDS=240  # fixed: on two CPU cores the 8 processes' start-up alone takes most of a minute
+    RATE_SECONDS=90
+    RATE=(train.epochs=3)  # at least two epoch ends to time
 else
     SELECTION=(--devices cuda --densities 0.02 0.01 --repeats 10)
+    ((STUDY)) && SELECTION=(--devices cuda --densities 0.02 --repeats 5)
     STEP_TIME=(--model lstman4 --global-batch 64 --steps "$STEPS" --warmup 3
                --set distributed.device=cuda train.threads=4)
     TRAIN=(train.epochs="$EPOCHS" distributed.device=cuda train.threads=2)  # 8 processes on the node's cores
     # 280 s at most before the trainings, plus 5 s each to kill a step that ignores SIGTERM
     LIMITS=(env=25 selection=40 step_P1=70 step_P1_bf16=40 step_P2=95 summary=10)
+    ((STUDY)) && LIMITS=(env=25 selection=25 step_P1=50 step_P1_bf16=35 step_P2=65 summary=10)
     TRAIN_SECONDS=""  # what is left of SUITE_SECONDS when the trainings start
+    RATE=()
 fi
 limit() {  # limit STEP -> its time limit in seconds
     local entry
     [[ "$1" == train ]] && { echo "$TRAIN_SECONDS"; return; }
+    [[ "$1" == rate ]] && { echo $((2 * RATE_SECONDS)); return; }
     for entry in "${LIMITS[@]}"; do [[ "${entry%%=*}" == "$1" ]] && echo "${entry#*=}"; done
 }
 
@@ -138,6 +157,26 @@ fi
 
 echo "[gpu_suite] results in $OUT ($( ((DRY_RUN)) && echo "dry run on the CPU" || echo "GPU run" ))"
 run_step env "$OUT/env.txt" "$PYTHON" bench/gpu_report.py env "$OUT" $( ((DRY_RUN)) || echo --require-cuda)
+
+# Issue 23's settings: features cached on the GPU (no audio, no STFT, no host-to-device copy after the first
+# epoch), dev scored every 2 epochs, a checkpoint only at a new best dev WER and at the end.
+FAST=(data.num_workers=0 data.cache_features=true train.eval_every_epochs=2 train.checkpoint_every_epochs=100000)
+if ((STUDY)); then  # epochs per minute of dense lstman4 alone on the GPU, before and after those settings
+    rate_minutes=$(awk -v s="$RATE_SECONDS" 'BEGIN { printf "%.2f", (s - 20) / 60 }')
+    t0=$SECONDS rate_rc=0
+    for side in before after; do
+        extra=()
+        [[ $side == after ]] && extra=("${FAST[@]}")
+        timeout --kill-after=5 "$RATE_SECONDS" "$MPIEXEC" -n 1 "$PYTHON" train.py --config configs/lstman4_recipe.yaml \
+            name="$side" out_dir="$OUT/rate_runs" distributed.world_size=null "${TRAIN[@]}" "${RATE[@]}" \
+            train.max_minutes="$rate_minutes" seed="$SEED" data.test_manifest= "${extra[@]}" \
+            > "$OUT/rate_$side.log" 2>&1 || rate_rc=$?
+        [[ -f "$OUT/rate_runs/$side/metrics.jsonl" ]] && cp "$OUT/rate_runs/$side/metrics.jsonl" "$OUT/metrics_rate_$side.jsonl"
+    done
+    rm -rf "$OUT"/rate_runs/*/checkpoints
+    "$PYTHON" bench/gpu_report.py rate "$OUT" --epochs "$EPOCHS" > "$OUT/rate.md" || rate_rc=1
+    record rate "$rate_rc" $((SECONDS - t0))
+fi
 if ! ((TRAININGS_ONLY)); then
     run_step selection "$OUT/selection.md" "$PYTHON" bench/selection.py "${SELECTION[@]}"
     step_time step_P1 1 dense topka oktopk "${STEP_TIME[@]}"
@@ -157,7 +196,7 @@ if [[ -z "$TRAIN_SECONDS" ]]; then
 fi
 max_minutes=$(awk -v s="$TRAIN_SECONDS" 'BEGIN { printf "%.2f", (s - 60) / 60 }')
 if ((STUDY)); then
-    echo "[gpu_suite] train (study, seed $SEED): dense and oktopk on 1 rank, oktopk and oktopk local_factor=2" \
+    echo "[gpu_suite] train (study, seed $SEED): dense and oktopk on 1 rank, oktopk and oktopk complete_values" \
          "on 4 ranks, concurrently, $TRAIN_SECONDS s (train.max_minutes=$max_minutes)"
 else
     echo "[gpu_suite] train: dense fp32 and bf16 on 1 rank, oktopk on 2 and 4 ranks, concurrently," \
@@ -165,8 +204,8 @@ else
 fi
 t0=$SECONDS
 common=(distributed.world_size=null out_dir="$OUT/runs" "${TRAIN[@]}" train.max_minutes="$max_minutes" seed="$SEED")
-if ((STUDY)); then  # more epochs per minute: features computed once (no audio read, no STFT after epoch 1)
-    common+=(data.num_workers=0 data.cache_features=true)
+if ((STUDY)); then
+    common+=("${FAST[@]}")
 fi
 declare -A train_pids=()
 train_run() {  # train_run NAME RANKS OVERRIDES...: in the background, its output in train_NAME.log
@@ -180,7 +219,7 @@ train_run dense-p1 1
 if ((STUDY)); then
     train_run oktopk-p1 1 compression.algorithm=oktopk
     train_run oktopk-p4 4 compression.algorithm=oktopk
-    train_run oktopk-c2-p4 4 compression.algorithm=oktopk compression.options.local_factor=2
+    train_run oktopk-cv-p4 4 compression.algorithm=oktopk compression.options.complete_values=true
 else
     if [[ -n "$NO_BF16" ]]; then
         echo "[gpu_suite] train: dense-p1-bf16 skipped ($NO_BF16)"

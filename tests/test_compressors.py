@@ -57,6 +57,24 @@ def test_merge_topk_sums_duplicates_and_keeps_largest():
     assert idx.tolist() == [1, 5, 7] and val.tolist() == [3.0, -5.0, 2.0]
 
 
+@pytest.mark.parametrize("pairs", [0, 50, 3_000, 40_000])  # below and above numel / 4 = 2,500
+def test_sum_pairs_both_ways_give_the_same_bits(pairs):
+    """The scatter-add path (many pairs) and the sorting path (few) give the distinct indices ascending and
+    bitwise the same sums, which equal the float64 sums to float32 rounding."""
+    from sparse_asr.compression.base import sum_pairs
+
+    numel = 10_000
+    rng = np.random.default_rng(pairs)
+    indices = torch.from_numpy(rng.integers(0, numel, pairs).astype(np.int32))
+    values = torch.from_numpy(rng.standard_normal(pairs).astype(np.float32))
+    by_sort, by_scatter = sum_pairs(indices, values), sum_pairs(indices, values, numel=numel)
+    assert torch.equal(by_sort[0], by_scatter[0]) and torch.equal(by_sort[1], by_scatter[1])
+    expected = np.zeros(numel)
+    np.add.at(expected, indices.numpy(), values.numpy().astype(np.float64))
+    assert np.array_equal(by_sort[0].numpy(), np.unique(indices.numpy()))
+    np.testing.assert_allclose(by_sort[1].numpy(), expected[np.unique(indices.numpy())], rtol=1e-5, atol=1e-5)
+
+
 def test_gaussian_quantile_matches_the_stdlib():
     from statistics import NormalDist
 

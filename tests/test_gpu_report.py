@@ -127,3 +127,24 @@ def test_env_requires_cuda_when_asked(tmp_path):
     assert proc.returncode == 1 and "CUDA is not available" in proc.stderr
     env = json.loads((tmp_path / "env.json").read_text())
     assert env["cuda_available"] is False and env["gpus"] == [] and env["mpi"].startswith("MPICH")
+
+
+def test_rate_counts_whole_epochs_between_the_first_and_last_epoch_end(tmp_path):
+    """Epochs per minute from the epoch-end times only: start-up and the lines between do not count."""
+    def write(side, ends):
+        rows = [{"kind": "train", "step": 1, "epoch": 0, "time": 1000.0}]  # start-up before the first epoch end
+        rows += [{"kind": "epoch", "step": 13 * (i + 1), "epoch": i + 1, "time": 1100.0 + t} for i, t in enumerate(ends)]
+        rows += [{"kind": "val", "step": 13, "epoch": 1, "time": 1105.0}]
+        (tmp_path / f"metrics_rate_{side}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write("before", [0, 30, 60])  # 2 epochs in 60 s: 2 per minute
+    write("after", [0, 10, 20, 30])  # 3 in 30 s: 6 per minute
+    proc = report("rate", str(tmp_path), "--epochs", "12")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "| before | 3 | 2.0 | 6.0 |" in lines and "| after | 4 | 6.0 | 2.0 |" in lines, proc.stdout
+    assert "| epochs per minute x2 (issue 23) | 3.00x | met |" in lines
+    assert "| 12 epochs of dense lstman4 alone in <= 4 minutes | 2.0 min | met |" in lines
+    write("after", [0])  # one epoch end: no rate
+    proc = report("rate", str(tmp_path))
+    assert "| after | 1 | n/a | n/a |" in proc.stdout and "| epochs per minute x2 (issue 23) | n/a | n/a |" in proc.stdout

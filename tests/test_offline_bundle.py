@@ -293,28 +293,42 @@ def test_gpu_suite_dry_run_from_the_bundle(unpacked, tmp_path):
 
 
 def test_gpu_suite_study_dry_run_from_the_bundle(unpacked, tmp_path):
-    """Issue 23's study, prepared on the CPU: four concurrent trainings at one seed (dense and Ok-Topk on 1
-    rank, Ok-Topk and its local_factor=2 remedy on 4), flat metrics files, one plot, the summary."""
+    """Issue 23's study, prepared on the CPU: dense alone before and after the fast settings (epochs per minute),
+    then four concurrent trainings at one seed (dense and Ok-Topk on 1 rank, Ok-Topk and its complete_values
+    remedy on 4), flat metrics files, one plot, the summary. --no-speed: the speed steps' dry run is the
+    suite's own (test_gpu_suite_dry_run_from_the_bundle)."""
     folder, env, _ = unpacked
     out = tmp_path / "study"
-    proc = run(["bash", "bench/gpu_suite.sh", "--dry-run", "--study", "--seed", "3", "--out", str(out)], env, folder,
-               timeout=600)
+    proc = run(["bash", "bench/gpu_suite.sh", "--dry-run", "--study", "--no-speed", "--seed", "3", "--out", str(out)],
+               env, folder, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     status = dict(line.split("\t")[:2] for line in (out / "steps.tsv").read_text().splitlines()[1:])
-    assert status == {"env": "ok", "train": "ok", "summary": "ok"}, status
+    assert status == {"env": "ok", "rate": "ok", "train": "ok", "summary": "ok"}, status
+    fast = {"num_workers": 0, "cache_features": True, "eval_every_epochs": 2, "checkpoint_every_epochs": 100000}
+    # (before: the recipe's settings, but for the dry run's num_workers=0, which a GPU run does not set)
+    for side, settings in (("before", {"num_workers": 0, "cache_features": False, "eval_every_epochs": 1,
+                                       "checkpoint_every_epochs": 1}), ("after", fast)):
+        config = yaml.safe_load((out / "rate_runs" / side / "config.yaml").read_text())
+        assert {key: {**config["data"], **config["train"]}[key] for key in settings} == settings, side
+        epochs = [json.loads(line) for line in (out / f"metrics_rate_{side}.jsonl").read_text().splitlines()]
+        assert len([m for m in epochs if m["kind"] == "epoch"]) == 3, side
+        assert re.search(rf"^\| {side} \| 3 \| \d+\.\d \| \d+\.\d \|$", (out / "rate.md").read_text(), re.M), side
     runs = {"dense-p1": ("dense", 1, {}), "oktopk-p1": ("oktopk", 1, {}), "oktopk-p4": ("oktopk", 4, {}),
-            "oktopk-c2-p4": ("oktopk", 4, {"local_factor": 2})}
+            "oktopk-cv-p4": ("oktopk", 4, {"complete_values": True})}
     for name, (algorithm, ranks, options) in runs.items():
         config = yaml.safe_load((out / f"config_{name}.yaml").read_text())
         assert (config["compression"]["algorithm"], config["distributed"]["world_size"], config["seed"],
                 config["compression"]["options"]) == (algorithm, ranks, 3, options), name
-        assert config["data"]["cache_features"] and config["data"]["num_workers"] == 0, name
+        assert {key: {**config["data"], **config["train"]}[key] for key in fast} == fast, name
         metrics = [json.loads(line) for line in (out / f"metrics_{name}.jsonl").read_text().splitlines()]
         assert [m["epoch"] for m in metrics if m["kind"] == "test"] == [1], name
     assert (out / "curves_vs_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = (out / "summary.md").read_text()
     assert all(f"| {name} | " in summary for name in runs), summary
     assert "| Ok-Topk, P = 4: dev WER within 5% relative of dense fp32" in summary
+    assert "| epochs per minute x2 (issue 23) |" in summary
+    proc = run(["bash", "bench/gpu_suite.sh", "--dry-run", "--no-speed"], env, folder, timeout=60)
+    assert proc.returncode == 2 and "--no-speed goes with --study" in proc.stderr
 
 
 def test_gpu_suite_reports_a_failed_step_and_goes_on(unpacked, tmp_path):

@@ -305,6 +305,28 @@ def test_cached_features_are_the_same_items_and_read_the_audio_once(tiny_manifes
     assert not torch.equal(plain[0][0], cached.cache[0])  # the masks were drawn on a copy, not on the cache
 
 
+def test_a_cache_on_another_device_pads_and_masks_there(tiny_manifest):
+    """data.cache_features on a GPU: the cached features, the masks drawn on them and the padded batch stay on
+    the cache's device, and the loader does not try to pin them (pinning is for host memory). The meta device
+    stands in for a GPU here (the code path is the same); feature_bytes is what the cache really holds."""
+    from sparse_asr.data.audio import SpecAugment
+    from sparse_asr.data.dataset import feature_bytes, make_loader
+    from sparse_asr.training.launch import cache_placement
+
+    on_host = SpeechDataset(tiny_manifest, cache=True)
+    items = [on_host[i][0] for i in range(len(on_host))]
+    assert feature_bytes(on_host) == sum(4 * f.numel() for f in items)
+    assert cache_placement(feature_bytes(on_host), torch.device("cpu"))[0] == torch.device("cpu")
+
+    elsewhere = SpeechDataset(tiny_manifest, augment=SpecAugment(2, 15, 2, 25, 0.1), cache=True, cache_device="meta")
+    sampler = BucketingSampler(elsewhere.durations, 2, shuffle=False, drop_last=True)
+    loader = make_loader(elsewhere, sampler, pin_memory=True)
+    assert not loader.pin_memory and make_loader(on_host, sampler, pin_memory=True).pin_memory
+    for batch in loader:
+        assert batch.features.device.type == "meta" and batch.targets.device.type == "cpu"
+    assert all(f.device.type == "meta" for f in elsewhere.cache.values()) and len(elsewhere.cache) >= 2
+
+
 def test_checkpoint_every_epochs_keeps_the_last_and_the_best(tiny_manifest, tmp_path):
     from sparse_asr.training.config import ConfigError, load_config
 

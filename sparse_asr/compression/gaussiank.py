@@ -76,7 +76,7 @@ class Gaussiank(SparseCompressor):
             local, threshold, adjusts = self.select(acc)
             send = pack_pairs(local.to(self.index_dtype), acc[local])
         received, _ = self.comm.allgatherv(send)
-        indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype))
+        indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype), numel=self.numel)
         return SparseUpdate(
             indices,
             values,

@@ -25,5 +25,5 @@ class TopkAllgather(SparseCompressor):
             send = pack_pairs(local.to(self.index_dtype), acc[local])
         nbytes = local.numel() * pair_bytes(self.index_dtype)  # identical on every rank
         received, _ = self.comm.allgatherv(send, counts=[nbytes] * self.comm.size)
-        indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype))
+        indices, values = sum_pairs(*unpack_pairs(received, self.index_dtype), numel=self.numel)
         return SparseUpdate(indices, values, applied=local, selected_local=local.numel(), seconds_select=t.seconds)

@@ -29,15 +29,17 @@ class SpeechDataset(torch.utils.data.Dataset):
     trainer calls set_epoch(e) before each epoch, as it does for the sampler."""
 
     def __init__(self, manifest, features: FeatureExtractor | None = None, augment: SpecAugment | None = None,
-                 seed: int = 0, cache: bool = False):
+                 seed: int = 0, cache: bool = False, cache_device: str | torch.device = "cpu"):
         df = manifest if isinstance(manifest, pd.DataFrame) else read_manifest(manifest)
         self.source = df.attrs.get("manifest", "<DataFrame>")
         self.features = features if features is not None else FeatureExtractor()
         self.augment = augment if augment is not None and augment.enabled else None
         self.seed, self.epoch = seed, 0
         # cache: each utterance's clean features kept after their first computation (masks are drawn on a copy),
-        # so later epochs read no audio and run no STFT. In this process only (data.num_workers must be 0).
+        # so later epochs read no audio and run no STFT. In this process only (data.num_workers must be 0). On
+        # cache_device: on a GPU, batches are then padded and masked there and nothing crosses the PCIe bus.
         self.cache: dict[int, torch.Tensor] | None = {} if cache else None
+        self.cache_device = torch.device(cache_device)
         self.audio = df["audio"].tolist()
         self.durations = df["duration"].to_numpy(dtype=float)
         self.transcripts = df["transcript"].tolist()
@@ -72,7 +74,7 @@ class SpeechDataset(torch.utils.data.Dataset):
             except ValueError as e:
                 raise AudioError(f"{self.audio[i]}: {e}") from None
             if self.cache is not None:
-                self.cache[i] = feats
+                feats = self.cache[i] = feats.to(self.cache_device)
         if self.augment is not None:
             feats = self.augment(feats, np.random.default_rng([self.seed, self.epoch, i, AUGMENT_STREAM]))
         return feats, self.targets[i], i
@@ -104,7 +106,7 @@ def collate(batch) -> Batch:
     """[(features (bins, T), target, index), ...] -> Batch sorted by T descending (stable)."""
     batch = sorted(batch, key=lambda item: item[0].shape[1], reverse=True)
     bins, t_max = batch[0][0].shape[0], batch[0][0].shape[1]
-    features = torch.zeros(len(batch), 1, bins, t_max)
+    features = torch.zeros(len(batch), 1, bins, t_max, device=batch[0][0].device)
     for b, (feats, _, _) in enumerate(batch):
         features[b, 0, :, : feats.shape[1]] = feats
     return Batch(
@@ -193,6 +195,14 @@ class TrainingData:
 
 
 def make_loader(dataset: SpeechDataset, sampler: BucketingSampler, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
-    """DataLoader that runs `sampler`'s batches through `collate`."""
+    """DataLoader that runs `sampler`'s batches through `collate`. Batches of a dataset cached on a GPU are
+    there already (pinning is for host memory only)."""
+    on_host = dataset.cache is None or dataset.cache_device.type == "cpu"
     return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
-                      pin_memory=pin_memory, persistent_workers=False)
+                      pin_memory=pin_memory and on_host, persistent_workers=False)
+
+
+def feature_bytes(dataset: SpeechDataset) -> int:
+    """float32 bytes of every utterance's features (what a full cache holds)."""
+    f = dataset.features
+    return sum(4 * f.num_bins * f.num_frames(round(d * f.sample_rate)) for d in dataset.durations)

@@ -62,7 +62,9 @@ class DataConfig:
     # DataLoader worker processes per rank (features are computed on the fly)
     num_workers: int = setting(0, natural, "must be >= 0", resume_safe=True)
     # Keep every utterance's features after their first computation (AN4's train set: ~0.2 GB): from the
-    # second epoch on no audio is read and no STFT runs. Needs num_workers 0 (a worker's cache dies with it).
+    # second epoch on no audio is read and no STFT runs. On the run's GPU when they take at most 1/8 of its
+    # free memory (batches are then padded and masked there), else in host memory. Needs num_workers 0 (a
+    # worker's cache dies with it).
     cache_features: bool = setting(False, resume_safe=True)
     # Quick runs: keep only the N shortest utterances (0 = all) of train, and of dev and test.
     max_train_utterances: int = setting(0, natural, "must be >= 0 (0 = all)")

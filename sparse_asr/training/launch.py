@@ -18,7 +18,7 @@ import torch
 
 from sparse_asr.compression import Compressor, build_compressor, warmup_steps
 from sparse_asr.data.audio import SpecAugment
-from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, TrainingData
+from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, TrainingData, feature_bytes
 from sparse_asr.data.manifest import read_manifest
 from sparse_asr.fileio import atomic_write_text
 from sparse_asr.models import build_model
@@ -90,9 +90,9 @@ def read_split(manifest: str, limit: int):
     return df
 
 
-def load_data(cfg: Config, comm) -> tuple[TrainingData, str]:
+def load_data(cfg: Config, comm, device: torch.device = torch.device("cpu")) -> tuple[TrainingData, str]:
     """The run's datasets and its sampler, every audio header checked on the ranks together; and a line
-    saying what was loaded."""
+    saying what was loaded. With data.cache_features the features are kept on `device` when they fit."""
     d = cfg.data
     frames = {"train": read_split(d.train_manifest, d.max_train_utterances),
               "dev": read_split(d.dev_manifest, d.max_eval_utterances)}
@@ -108,12 +108,31 @@ def load_data(cfg: Config, comm) -> tuple[TrainingData, str]:
     data = TrainingData(train, SpeechDataset(frames["dev"], cache=cache),
                         SpeechDataset(frames["test"], cache=cache) if "test" in frames else None,
                         make_sampler(cfg, comm, train))
+    cached = ""
+    if cache:
+        sets = [s for s in (data.train, data.dev, data.test) if s is not None]
+        where, cached = cache_placement(sum(feature_bytes(s) for s in sets), device)
+        for s in sets:
+            s.cache_device = where
     t0 = time.perf_counter()
     checked = check_manifest_audio(comm, list(frames.values()))
     seconds = time.perf_counter() - t0
     said = (f"data: {len(data.train)} train, {len(data.dev)} dev, {len(data.test) if data.test else 0} test "
-            f"utterances; audio of {checked} manifest rows checked in {seconds:.2f} s on {comm.size} rank(s)")
+            f"utterances; audio of {checked} manifest rows checked in {seconds:.2f} s on {comm.size} rank(s){cached}")
     return data, said
+
+
+def cache_placement(nbytes: int, device: torch.device) -> tuple[torch.device, str]:
+    """Where data.cache_features keeps the features, and why: on the GPU when they take at most 1/8 of its
+    free memory (several runs may share it, and the model needs the rest), else in host memory."""
+    gb = f"{nbytes / 1e9:.2f} GB"
+    if device.type != "cuda":
+        return torch.device("cpu"), f"; features cached in host memory after their first use ({gb})"
+    free, _ = torch.cuda.mem_get_info(device)
+    if nbytes <= free / 8:
+        return device, f"; features cached on {device} after their first use ({gb}): batches padded and masked there"
+    return torch.device("cpu"), (f"; features cached in host memory ({gb}: more than 1/8 of the {free / 1e9:.1f} GB "
+                                 f"free on {device})")
 
 
 def ctc_unalignable(dataset: SpeechDataset, model: torch.nn.Module) -> list[str]:
@@ -164,7 +183,7 @@ def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False, lock
     if state is not None and state.config["model"]["name"] != cfg.model.name:
         raise ConfigError(f"checkpoint {resume} holds model {state.config['model']['name']!r}, "
                           f"the config asks for {cfg.model.name!r}")
-    data, data_line = load_data(cfg, comm)
+    data, data_line = load_data(cfg, comm, process.device)
     model = build_model(cfg.model.name, sync_bn=comm if cfg.model.sync_batchnorm else None)
     unalignable = ctc_unalignable(data.train, model)
     # The warm-up length is fixed when a run starts ('auto' depends on train.epochs, which a resume may change).
