@@ -3,10 +3,11 @@ number of ranks P (issue 20, item 1).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/selection_quality.py [--config configs/an4_cpu.yaml] \
         [--ranks 1 2 4 8 16 32] [--densities 0.02 0.04] [--dense-steps 50] [--steps 100] \
-        [--out bench/results/selection_quality.md] [key.sub=value ...]
+        [--out bench/results/selection_quality.md] [--checkpoint RUN_DIR] [key.sub=value ...]
 
 The model trains densely, as the config says (its data order and masking, SGD, learning-rate schedule and
-clipping): `--dense-steps` plain steps, then `--steps` steps during which every registered compressor and
+clipping), from a fresh model or from a training checkpoint (--checkpoint: its weights, momentum and place in
+the schedule, e.g. late in training where the accuracy runs end): `--dense-steps` plain steps, then `--steps` steps during which every registered compressor and
 the oracle (below) run beside the dense training on the same per-rank gradients, for every P of --ranks and
 every density of --densities. Each (algorithm, P, density) is P simulated ranks (sparse_asr/comm/threads.py:
 one thread per rank, each with the project's Communicator and its byte counting) with its own residuals and
@@ -24,6 +25,9 @@ batch_per_rank x the largest P) rounded up to a multiple of every P: an4_cpu.yam
 
 Per step, for each (algorithm, P, density):
   cos_update    cos(its update, the dense mean gradient of the same P per-rank gradients)
+  along         <update, g> / <g, g> for that dense mean gradient g: how far the update moves along dense's
+                step, in units of it (dense: 1). cos says the direction, this the length along it: error
+                feedback releases owed mass in bursts, so a worse direction can still go further
   cos_momentum  cos(its shadow momentum buffer, dense's at the same P); both start from the model's buffer
                 when the sparse steps begin and take buf = momentum * buf + clipped update + weight_decay *
                 params, as the config's SGD does
@@ -79,6 +83,7 @@ from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
 from sparse_asr.data.manifest import read_manifest
 from sparse_asr.data.text import BLANK
 from sparse_asr.models import build_model
+from sparse_asr.training.checkpoint import load_shared
 from sparse_asr.training.config import load_config
 from sparse_asr.training.optim import (attach_flat_grad, build_optimizer, clip_grad_norm_, learning_rate,
                                        set_learning_rate)
@@ -271,6 +276,8 @@ def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_moment
             total += residual
         owed = norm(total) / P / norm(reference)
     cos_update = cosine(result.update, reference)
+    reference_sq = dot(reference, reference)
+    along = dot(result.update, reference) / reference_sq if reference_sq > 0 else 0.0
     momentum = run.momentum.add(result.update, params)
     applied = result.applied
     selected = [s.selected_local for s in result.stats]
@@ -280,7 +287,7 @@ def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_moment
         updated = result.stats[0].selected_global
         contributors = sum(applied) / updated if updated else math.nan
     return {"algorithm": run.algorithm.label, "P": P, "density": run.density if run.density is not None else math.nan,
-            "cos_update": cos_update, "cos_momentum": cosine(momentum, reference_momentum), "owed": owed,
+            "cos_update": cos_update, "along": along, "cos_momentum": cosine(momentum, reference_momentum), "owed": owed,
             "applied": share, "contributors": contributors,
             "words": float(np.mean([s.bytes_recv for s in result.stats])) / WORD,
             "update_entries": result.stats[0].selected_global, "k": result.stats[0].k}
@@ -388,6 +395,7 @@ class Settings:
     global_batch: int
     timeout_s: float = 300.0
     log_every: int = 10
+    checkpoint: str = ""  # start from this training checkpoint's model, momentum and schedule position
 
 
 def run_bench(cfg, s: Settings, log=print) -> tuple[pd.DataFrame, dict]:
@@ -398,6 +406,7 @@ def run_bench(cfg, s: Settings, log=print) -> tuple[pd.DataFrame, dict]:
     params = list(model.parameters())
     flat_grad = attach_flat_grad(params)
     optimizer = build_optimizer(params, cfg.optim)
+    start_step, start_epoch = start_from(s.checkpoint, cfg, model, optimizer, log) if s.checkpoint else (0, 0)
     numel, shapes = flat_grad.numel(), [p.shape for p in params]
     dataset = load_training_set(cfg)
     if len(dataset) < s.global_batch:
@@ -418,7 +427,7 @@ def run_bench(cfg, s: Settings, log=print) -> tuple[pd.DataFrame, dict]:
         return now
 
     batches = global_batches(dataset, s.global_batch, cfg.seed)
-    t_start, skipped, taken = time.perf_counter(), 0, 0  # taken: optimizer steps, as the trainer counts them
+    t_start, skipped, taken = time.perf_counter(), 0, start_step  # taken: optimizer steps, as the trainer counts them
     total_steps = s.dense_steps + s.steps
     for step in range(total_steps):
         epoch, items = next(batches)
@@ -450,7 +459,7 @@ def run_bench(cfg, s: Settings, log=print) -> tuple[pd.DataFrame, dict]:
                 add_time("measures", t1)
         flat_grad.copy_(references[trajectory_P])
         clip_grad_norm_(flat_grad, cfg.optim.max_grad_norm)
-        set_learning_rate(optimizer, learning_rate(cfg.optim, taken, epoch))
+        set_learning_rate(optimizer, learning_rate(cfg.optim, taken, start_epoch + epoch))
         optimizer.step()
         taken += 1
         done = step + 1
@@ -462,12 +471,26 @@ def run_bench(cfg, s: Settings, log=print) -> tuple[pd.DataFrame, dict]:
     return pd.DataFrame(rows), seconds
 
 
+def start_from(path: str, cfg, model, optimizer, log) -> tuple[int, int]:
+    """Load a training checkpoint's model (rank 0's BatchNorm statistics) and optimizer (its momentum buffers)
+    into the trajectory; returns its optimizer step and epoch, where the learning-rate schedule goes on."""
+    manifest, shared = load_shared(path)
+    name = shared["config"]["model"]["name"]
+    if name != cfg.model.name:
+        raise ValueError(f"--checkpoint {path} holds model {name!r}, the config asks for {cfg.model.name!r}")
+    model.load_state_dict(shared["model"])
+    optimizer.load_state_dict(shared["optimizer"])
+    progress = shared["progress"]
+    log(f"started from {path}: optimizer step {progress['step']}, epoch {progress['epoch']}")
+    return int(progress["step"]), int(progress["epoch"])
+
+
 def summarise(steps: pd.DataFrame) -> pd.DataFrame:
     """Per (algorithm, P, density): the mean over the sparse steps and the last step's value."""
     keys = ["algorithm", "P", "density"]
     order = {label: i for i, label in enumerate(dict.fromkeys(steps["algorithm"]))}
     grouped = steps.groupby(keys, dropna=False, sort=False)
-    figures = ["cos_update", "cos_momentum", "owed", "applied", "contributors", "words", "update_entries", "k"]
+    figures = ["cos_update", "along", "cos_momentum", "owed", "applied", "contributors", "words", "update_entries", "k"]
     summary = grouped[figures].mean().add_suffix("_mean").join(grouped[figures].last().add_suffix("_last"))
     summary["steps"] = grouped.size()
     summary = summary.reset_index()
@@ -480,15 +503,15 @@ def markdown_table(summary: pd.DataFrame) -> str:
         return f"{row[name + '_mean']:.{digits}f} / {row[name + '_last']:.{digits}f}"
 
     lines = ["| algorithm | P | density | entries updated | cos(update, dense mean gradient) mean / last | "
-             "cos(momentum, dense momentum) mean / last | owed mean / last | share of local picks applied | "
-             "ranks per applied entry | words received per rank |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "along dense mean / last | cos(momentum, dense momentum) mean / last | owed mean / last | "
+             "share of local picks applied | ranks per applied entry | words received per rank |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, row in summary.iterrows():
         density = "-" if math.isnan(row["density"]) else f"{row['density']:g}"
         entries = "-" if math.isnan(row["density"]) else f"{row['update_entries_mean'] / row['k_mean']:.2f} k"
         applied = "-" if math.isnan(row["applied_mean"]) else f"{row['applied_mean']:.2f}"
         contributors = "-" if math.isnan(row["contributors_mean"]) else f"{row['contributors_mean']:.2f} of {row['P']}"
-        lines.append(f"| {row['algorithm']} | {row['P']} | {density} | {entries} | {pair(row, 'cos_update', 3)} | "
+        lines.append(f"| {row['algorithm']} | {row['P']} | {density} | {entries} | {pair(row, 'cos_update', 3)} | {pair(row, 'along', 3)} | "
                      f"{pair(row, 'cos_momentum', 3)} | {pair(row, 'owed', 2)} | {applied} | {contributors} | "
                      f"{row['words_mean']:,.0f} |")
     return "\n".join(lines)
@@ -568,6 +591,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="write the table to this .md, the plot beside it (.png) and "
                         "every step's figures (.csv)")
     parser.add_argument("--log-every", type=int, default=10, help="progress line every N steps (0: none)")
+    parser.add_argument("--checkpoint", help="start from this training checkpoint (a run directory or one of its "
+                        "checkpoints): its model, momentum and place in the learning-rate schedule, instead of a fresh "
+                        "model; the config must name the same model")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     return parser.parse_args(argv)
 
@@ -599,7 +625,7 @@ def settings_from(args, cfg) -> tuple[Settings, str]:
         note = ("the config's" if batch == configured
                 else f"the config's {configured} rounded up to a multiple of every P")
     return Settings(ranks, sorted(set(args.densities)), algorithms, args.dense_steps, args.steps, batch, args.timeout,
-                    args.log_every), note
+                    args.log_every, args.checkpoint or ""), note
 
 
 def main(argv=None) -> int:
@@ -623,6 +649,7 @@ def main(argv=None) -> int:
         f"model: {cfg.model.name} ({numel:,} parameters), {bn}; global batch {s.global_batch} ({batch_note}); "
         f"seed {cfg.seed}; SGD momentum {cfg.optim.momentum:g}, weight decay {cfg.optim.weight_decay:g}, "
         f"lr {cfg.optim.lr:g}, clip {cfg.optim.max_grad_norm:g}",
+        (f"start: checkpoint {s.checkpoint}" if s.checkpoint else "start: a fresh model (the config's seed)"),
         f"steps: {s.dense_steps} dense, then {s.steps} with the compressors beside dense training; simulated P: "
         f"{' '.join(map(str, s.ranks))}; densities: {' '.join(f'{d:g}' for d in s.densities)}; "
         f"the model follows the dense mean gradient at P = {s.ranks[0]}",

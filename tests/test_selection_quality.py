@@ -193,12 +193,14 @@ def check_figures(run, result, reference, figures, where):
     P = len(run.compressors)
     u, g = result.update.double(), reference.double()
     assert figures["cos_update"] == pytest.approx(float(u @ g / (u.norm() * g.norm())), abs=1e-6), where
+    assert figures["along"] == pytest.approx(float(u @ g / (g @ g)), rel=1e-5, abs=1e-9), where
     residuals = [sq.residual_of(c) for c in run.compressors]
     owed = 0.0 if residuals[0] is None else float(sum(r.double() for r in residuals).norm() / P / g.norm())
     assert figures["owed"] == pytest.approx(owed, rel=1e-5, abs=1e-12), where
     assert figures["words"] == np.mean([s.bytes_recv for s in result.stats]) / 4, where
     if run.algorithm.name == "dense":
         assert figures["cos_update"] == pytest.approx(1.0, abs=1e-6) and figures["owed"] == 0.0, where
+        assert figures["along"] == pytest.approx(1.0, abs=1e-6), where
         assert figures["cos_momentum"] == pytest.approx(1.0, abs=1e-6), where
         assert figures["applied"] == 1.0 and figures["contributors"] == P, where
         assert figures["words"] == 2 * g.numel() * (P - 1) // P, where  # the ring allreduce
@@ -273,3 +275,32 @@ def test_command_writes_its_table_plot_and_steps(tiny_manifest, tmp_path):
         assert all(max(v) - min(v) < 1e-4 and len(v) == 3 for v in by_step.values()), (label, by_step)
     png = out.with_suffix(".png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
+
+
+def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifest, tmp_path, cfg):
+    """--checkpoint: the trajectory starts from the run's model and SGD momentum, at its step and epoch (where the
+    learning-rate schedule goes on); a checkpoint of another model is refused."""
+    from sparse_asr.training.checkpoint import load_shared
+    from sparse_asr.training.optim import attach_flat_grad, build_optimizer
+    from tests.mpi.train_common import run_training, tiny_overrides
+
+    m = tiny_manifest
+    run_training(tiny_overrides(m.parent, tmp_path, "trained", data__train_manifest=m, data__dev_manifest=m,
+                                data__test_manifest=m, data__max_train_utterances=0, data__max_eval_utterances=0,
+                                train__epochs=2))
+    _, shared = load_shared(tmp_path / "trained")
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model.name)
+    params = list(model.parameters())
+    attach_flat_grad(params)
+    optimizer = build_optimizer(params, cfg.optim)
+    step, epoch = sq.start_from(str(tmp_path / "trained"), cfg, model, optimizer, log=lambda *a, **k: None)
+    assert (step, epoch) == (shared["progress"]["step"], shared["progress"]["epoch"]) and epoch == 2 and step > 0
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, shared["model"][name]), name
+    momentum = [optimizer.state[p]["momentum_buffer"] for p in params]
+    saved = shared["optimizer"]["state"]
+    assert all(torch.equal(momentum[i], saved[i]["momentum_buffer"]) for i in range(len(params)))
+    other = load_config(REPO / "configs" / "smoke.yaml", ["model.name=lstman4_small"])
+    with pytest.raises(ValueError, match="holds model 'lstman4_tiny', the config asks for 'lstman4_small'"):
+        sq.start_from(str(tmp_path / "trained"), other, model, optimizer, log=print)
