@@ -67,19 +67,20 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds_compute = time.perf_counter() - t0
-        if not self.finite_on_all_ranks(loss):
+        loss_value = float(loss.detach())  # read here, where the host waits anyway (no sync of its own)
+        if not self.finite_on_all_ranks(loss_value):
             return None
         stats = self.compressor.step(self.flat_grad)
         grad_norm = clip_grad_norm_(self.flat_grad, self.cfg.optim.max_grad_norm)
         set_learning_rate(self.optimizer, learning_rate(self.cfg.optim, self.progress.step, self.progress.epoch))
         self.optimizer.step()
         self.progress.step += 1
-        return StepRecord(float(loss.detach()), grad_norm, seconds_compute, stats)
+        return StepRecord(loss_value, grad_norm, seconds_compute, stats)
 
-    def finite_on_all_ranks(self, loss: torch.Tensor) -> bool:
+    def finite_on_all_ranks(self, loss: float) -> bool:
         """The step's one finiteness check, a GLOBAL decision: ranks must skip together or the next
         collective would deadlock (so no non-finite value ever reaches a compressor's residual)."""
-        flag = torch.tensor([float(not (bool(torch.isfinite(loss)) and all_finite(self.flat_grad)))])
+        flag = torch.tensor([float(not (math.isfinite(loss) and all_finite(self.flat_grad)))])
         return self.comm.allreduce_(flag, op="max").item() == 0.0
 
     # ------------------------------------------------------------------------------ the loop
