@@ -18,8 +18,9 @@ Writes, under --out:
       the bytes each rank had received by then (empty: never reached). Runs named <label>-s<seed> (bench/
       accuracy.sh --seeds) with --target-run <label>: each run's target is that of the <label> run at its seed.
   paired.csv, paired.md (with --paired-against LABEL, e.g. dense)
-      every other label against LABEL at the seeds both ran, for test WER, best dev WER and the last
-      epoch's loss (epoch/loss): the difference per seed, absolute and relative to LABEL's value, the
+      every other label against LABEL at the seeds both ran, for test WER, best dev WER, the last
+      epoch's loss (epoch/loss) and the step at which dev WER first fell below 0.8 (leaving CTC's blank
+      plateau; a run that never did is named in `unpaired`): the difference per seed, absolute and relative to LABEL's value, the
       means with 95% Student-t intervals (n-1 degrees of freedom; none for one seed), and a verdict from
       the relative interval ("not resolved" when it holds both -5% and +5%; the rule: sparse_asr/stats.py).
       A seed that only one side ran, or a value one side never logged, is named in `unpaired`. Runs pair
@@ -210,11 +211,23 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 
 # ---------------------------------------------------------------------------------------- paired seeds
-# (column, what paired.md calls it, the tag, the value of a run's curve of that tag): lower is better for all three
+# CTC's blank plateau: dev WER stays ~1 (mostly blanks) for a long and variable stretch, and when a run leaves
+# it decides much of where a short CPU run ends (docs/results.md): the step of the first dev WER below this.
+PLATEAU_EXIT_WER = 0.8
+
+
+def plateau_exit_step(curve: Curve) -> float:
+    """The step of the first dev evaluation with WER < PLATEAU_EXIT_WER (inf: never)."""
+    below = np.flatnonzero(curve.values < PLATEAU_EXIT_WER)
+    return float(curve.steps[below[0]]) if below.size else math.inf
+
+
+# (column, what paired.md calls it, the tag, the value of a run's curve of that tag): lower is better for all four
 PAIRED_METRICS = [
     ("test_wer", "test WER", "test/wer", lambda curve: curve.last()),
     ("best_dev_wer", "best dev WER", "val/wer", lambda curve: float(np.min(curve.values))),
     ("last_epoch_loss", "last-epoch loss", "epoch/loss", lambda curve: curve.last()),
+    ("plateau_exit_step", f"step of the first dev WER < {PLATEAU_EXIT_WER:g}", "val/wer", plateau_exit_step),
 ]
 
 
@@ -281,7 +294,7 @@ def paired_comparison(runs: list[Run], baseline: str) -> tuple[list[dict], list[
                     continue
                 value, reference = read(group[seed].curves[tag]), read(base[seed].curves[tag])
                 if not (math.isfinite(value) and math.isfinite(reference)):
-                    unpaired.append(f"s{seed}: a non-finite {tag} ({value} vs {reference})")
+                    unpaired.append(f"s{seed}: no finite {column} ({value} vs {reference})")
                     continue
                 diff = value - reference
                 rel = 100.0 * diff / reference if reference else None

@@ -321,7 +321,8 @@ def seeded_runs(tmp_path):
     for seed, test, best, loss in ((1, 0.5, 0.5, 8.0), (2, 0.25, 0.5, 10.0), (3, 0.625, 0.25, 4.0)):
         dirs.append(seeded_run(root, f"dense-s{seed}", seed, test, (0.75, best), loss))
     for seed, test, best, loss in ((1, 0.5625, 0.5625, 8.5), (2, 0.25, 0.5625, 9.5), (3, 0.6875, 0.2890625, 4.25)):
-        dirs.append(seeded_run(root, f"oktopk-s{seed}", seed, test, (0.75, best), loss))
+        first = 0.875 if seed == 1 else 0.75  # oktopk-s1 leaves the plateau (dev WER < 0.8) at step 20, not 10
+        dirs.append(seeded_run(root, f"oktopk-s{seed}", seed, test, (first, best), loss))
     for seed, test in ((1, 0.5), (2, None), (4, 0.5)):
         dirs.append(seeded_run(root, f"topka-s{seed}", seed, test, (0.75, 0.5), 8.0 if seed != 2 else 10.0))
     return dirs
@@ -334,7 +335,7 @@ def test_paired_comparison_by_hand(seeded_runs, tmp_path):
     table = pd.read_csv(out / "paired.csv").replace({np.nan: None})
     rows = {(r["run"], r["metric"]): r for r in table.to_dict("records")}
     assert list(rows) == [(run, metric) for run in ("oktopk", "topka")
-                          for metric in ("test_wer", "best_dev_wer", "last_epoch_loss")]
+                          for metric in ("test_wer", "best_dev_wer", "last_epoch_loss", "plateau_exit_step")]
 
     # oktopk test WER: differences 0.0625, 0, 0.0625 (mean 0.0416667, sd 0.0360844, se 0.0208333, half-width
     # 4.302653 x 0.0208333 = 0.0896386); relative 12.5%, 0%, 10% (mean 7.5%, sd 6.614378, se 3.818813,
@@ -365,6 +366,11 @@ def test_paired_comparison_by_hand(seeded_runs, tmp_path):
     assert (loss["mean_rel_pct"], loss["rel_low_pct"], loss["rel_high_pct"]) == (
         pytest.approx(2.5), pytest.approx(-13.634948, abs=1e-6), pytest.approx(18.634948, abs=1e-6))
     assert loss["verdict"] == "not resolved"
+
+    # the step of the first dev WER < 0.8: 20 vs 10 at seed 1 (+100%), 10 vs 10 at seeds 2 and 3
+    plateau = rows["oktopk", "plateau_exit_step"]
+    assert [plateau[f"diff_s{s}"] for s in (1, 2, 3)] == [10.0, 0.0, 0.0]
+    assert [plateau[f"rel_pct_s{s}"] for s in (1, 2, 3)] == [100.0, 0.0, 0.0]
 
     # topka: seed 3 has no topka run, seed 4 no dense run, and topka-s2 logged no test WER: all named,
     # and the test WER rests on seed 1 alone (no interval)
@@ -422,3 +428,16 @@ def test_labels_strip_only_the_configs_own_seed(tmp_path):
                               ("-s2", 2, "-s2")):
         run = compare_runs.Run(name, tmp_path / name, {"seed": seed}, {})
         assert compare_runs.run_label(run) == label, (name, seed)
+
+
+def test_a_run_that_never_leaves_the_plateau_is_named_not_paired(tmp_path):
+    root = tmp_path / "runs"
+    runs = [seeded_run(root, "dense-s1", 1, 0.5, (0.75, 0.5), 8.0),
+            seeded_run(root, "oktopk-s1", 1, 0.875, (0.9375, 0.875), 9.0)]
+    out = tmp_path / "compare"
+    proc = compare(*runs, "--out", out, "--paired-against", "dense")
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(out / "paired.csv").replace({np.nan: None}).set_index("metric")
+    assert table.loc["plateau_exit_step", "n"] == 0
+    assert table.loc["plateau_exit_step", "unpaired"] == "s1: no finite plateau_exit_step (inf vs 10.0)"
+    assert table.loc["test_wer", "n"] == 1
