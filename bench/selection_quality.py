@@ -192,6 +192,7 @@ class RunStep:
     update: torch.Tensor
     stats: list[StepStats]
     applied: list[int | None]
+    cpu_seconds: float = 0.0  # CPU time of the step, summed over the ranks' threads
 
 
 def make_compressor(algorithm: Algorithm, comm, numel: int, density: float | None, shapes) -> Compressor:
@@ -221,13 +222,15 @@ class SimulatedRanks:
             r, out = comm.rank, []
             for run in self.runs:
                 flat = grads[r].clone()  # compressors turn their input into the update, in place
+                t0 = time.thread_time()
                 stats = run.compressors[r].step(flat)
-                out.append((flat if r == 0 else None, stats, run.applied[r]()))
+                out.append((flat if r == 0 else None, stats, run.applied[r](), time.thread_time() - t0))
             return out
 
         per_rank = self.group.run(rank_step)
         return [RunStep(per_rank[0][i][0], [per_rank[r][i][1] for r in range(self.P)],
-                        [per_rank[r][i][2] for r in range(self.P)]) for i in range(len(self.runs))]
+                        [per_rank[r][i][2] for r in range(self.P)], sum(per_rank[r][i][3] for r in range(self.P)))
+                for i in range(len(self.runs))]
 
 
 # ------------------------------------------------------------------------------------------- measurements
@@ -290,7 +293,8 @@ def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_moment
             "cos_update": cos_update, "along": along, "cos_momentum": cosine(momentum, reference_momentum), "owed": owed,
             "applied": share, "contributors": contributors,
             "words": float(np.mean([s.bytes_recv for s in result.stats])) / WORD,
-            "update_entries": result.stats[0].selected_global, "k": result.stats[0].k}
+            "update_entries": result.stats[0].selected_global, "k": result.stats[0].k,
+            "cpu_seconds": result.cpu_seconds}
 
 
 # ------------------------------------------------------------------------------------------- gradients
@@ -671,6 +675,9 @@ def main(argv=None) -> int:
               "picks applied = applied / selected entries, mean over ranks; ranks per applied entry = applied entries "
               "summed over ranks / entries in the update; words = 4-byte words received per rank, mean over ranks "
               "(the oracle's: a dense allreduce and a broadcast of the indices)."]
+    by_algorithm = steps.groupby("algorithm", sort=False)["cpu_seconds"].sum()
+    footer.insert(1, "compressors' CPU seconds (all steps, P and densities; torch's kernels and the ranks' Python): "
+                  + ", ".join(f"{label} {value:.0f}" for label, value in by_algorithm.items()))
     table = markdown_table(summary)
     print("\n" + table + "\n\n" + "\n".join(footer))
     if args.out is not None:
