@@ -155,6 +155,11 @@ def make_sampler(cfg: Config, comm, train: SpeechDataset) -> BucketingSampler:
                             shuffle=True, drop_last=True)
 
 
+def configured_warmup(cfg: Config, sampler: BucketingSampler) -> int:
+    """compression.warmup_steps for a run of this sampler's epochs ('auto' depends on the run's length)."""
+    return warmup_steps(cfg.compression.warmup_steps, sampler.batches_per_epoch * cfg.train.epochs)
+
+
 def make_compressor(cfg: Config, comm, model: torch.nn.Module, device, warmup: int) -> Compressor:
     """The configured gradient exchange for the model's trainable parameters, behind `warmup` dense steps."""
     c = cfg.compression
@@ -167,7 +172,7 @@ def bare_trainer(cfg: Config, comm, model: torch.nn.Module, train: SpeechDataset
     """A Trainer for benches and tests that call train_step themselves: no dev or test set, no run directory
     (a disabled logger), the configured warm-up resolved as for a run of this data."""
     sampler = make_sampler(cfg, comm, train)
-    warmup = warmup_steps(cfg.compression.warmup_steps, sampler.batches_per_epoch * cfg.train.epochs)
+    warmup = configured_warmup(cfg, sampler)
     return Trainer(cfg, comm, model, make_compressor(cfg, comm, model, device, warmup), TrainingData(train, None, None, sampler),
                    device, RunLogger(cfg.run_dir, enabled=False))
 
@@ -187,8 +192,7 @@ def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False, lock
     model = build_model(cfg.model.name, sync_bn=comm if cfg.model.sync_batchnorm else None)
     unalignable = ctc_unalignable(data.train, model)
     # The warm-up length is fixed when a run starts ('auto' depends on train.epochs, which a resume may change).
-    warmup = (state.extra["warmup_steps"] if state is not None else
-              warmup_steps(cfg.compression.warmup_steps, data.sampler.batches_per_epoch * cfg.train.epochs))
+    warmup = state.extra["warmup_steps"] if state is not None else configured_warmup(cfg, data.sampler)
     compressor = make_compressor(cfg, comm, model, process.device, warmup)
     if state is not None:  # refused on every rank if the checkpoint does not fit this run
         on_every_rank(comm, lambda: check_fits(state, model, compressor, resume))
