@@ -298,9 +298,9 @@ def unpack_pairs(buf: torch.Tensor, index_dtype: torch.dtype) -> tuple[torch.Ten
 
 def sum_pairs(indices: torch.Tensor, values: torch.Tensor, numel: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum the values of duplicate indices: (distinct indices ascending, their sums). Given `numel` (the
-    indices lie in [0, numel)) and at least numel / 4 pairs, by scatter-add into an n-long buffer (faster
-    there: 2.7x at P = 32 for lstman4_small in bench/selection_quality.py); else by sorting the pairs,
-    cheaper than touching an n-long buffer when they are few. Both add every index's values in input
+    indices lie in [0, numel)) and at least numel / 4 pairs, by scatter-add into an n-long buffer (the
+    faster way when the pairs are that many, as in TopkA's and Gaussiank's sums at large P); else by
+    sorting the pairs, cheaper than touching an n-long buffer when they are few. Both add every index's values in input
     order: the results are the same bits."""
     indices = indices.long()
     if numel is not None and indices.numel() * 4 >= numel:

@@ -26,9 +26,7 @@ One step on every rank r, with acc = grad + residual and k = density * n:
   6. only with the `complete_values` option (issue 20's remedy): step 5 gathers the indices alone and
      one allreduce sums every rank's acc at them, so an applied entry carries all P ranks' values, not
      only those of the ranks that picked it locally, and leaves every rank's residual (applied = G).
-     Along a dense trajectory it closes 40-60% of the gap to the exact global top-k in cos(update,
-     dense gradient) at P = 4 and 8 for ~1.24x the words; in training, 3 seeds did not resolve it
-     either way (docs/results.md).
+     What it gains along a dense trajectory and in training: docs/results.md (issue 20).
 The base class divides by P and clears exactly applied = S_r ∩ G from the residual, computed with
 an order-free membership test (the original intersected unsorted arrays and left residuals
 uncleared on recompute steps). P = 1 runs the same code: no transfers, G = S_0 above the global
