@@ -362,4 +362,6 @@ def test_gpu_suite_refuses_bad_arguments(unpacked, tmp_path):
     proc = run(["bash", "bench/gpu_suite.sh", "--fast"], env, folder)
     assert proc.returncode == 2 and "unknown argument '--fast'" in proc.stderr
     proc = run(["bash", "bench/gpu_suite.sh", "--dry-run"], {**env, "EPOCHS": "0"}, folder)
-    assert proc.returncode == 2 and "STEPS, EPOCHS and SUITE_SECONDS must be positive integers" in proc.stderr
+    assert proc.returncode == 2 and "STEPS, EPOCHS, SUITE_SECONDS and RATE_SECONDS must be positive" in proc.stderr
+    proc = run(["bash", "bench/gpu_suite.sh", "--dry-run", "--study"], {**env, "RATE_SECONDS": "x"}, folder)
+    assert proc.returncode == 2 and "got '24', '161', '530', 'x'" in proc.stderr

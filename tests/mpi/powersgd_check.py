@@ -16,6 +16,7 @@
    closed form `PowerSGD.cost`; a non-finite gradient raises and leaves the error untouched.
 Any failure aborts all ranks with a non-zero exit code.
 """
+import gc
 import io
 import socket
 from datetime import timedelta
@@ -225,19 +226,26 @@ def free_port() -> int:
 
 def main(comm):
     torch.set_num_threads(1)
-    # A TCP store on rank 0 (not a file store: its fcntl locks once failed the teardown under load with
-    # "Resource deadlock avoided"); every rank is done with gloo before any rank tears it down.
+    # A TCP store on rank 0; every rank is done with gloo before any rank tears it down. The hook's future
+    # callbacks run Python on gloo's threads, and a garbage collection started there could free the process
+    # group, whose destructor then joins that very thread ("terminate called ... Resource deadlock avoided",
+    # seen once in ~10 runs under load): collections run only here, on the main thread, while gloo lives.
     port = comm.bcast_object(free_port() if comm.rank == 0 else None)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size,
                             timeout=timedelta(seconds=60))
+    gc.disable()
     try:
         for options, warmup in CASES:
             worst = against_pytorch(comm, options, warmup)
+            gc.collect()
             if comm.rank == 0:
                 print(f"ok hook {options} P={comm.size}: largest relative difference {worst:.3g}", flush=True)
     finally:
+        gc.collect()
         comm.barrier()
         dist.destroy_process_group()
+        gc.collect()
+        gc.enable()
         comm.barrier()
     for options in [{}, {"torch_compatible": True}, {"matrix_approximation_rank": 4, "warm_start": False},
                     {"use_error_feedback": False}]:
