@@ -7,7 +7,8 @@ number of ranks P (issue 20, item 1).
 
 The model trains densely, as the config says (its data order and masking, SGD, learning-rate schedule and
 clipping), from a fresh model or from a training checkpoint (--checkpoint: its weights, momentum and place in
-the schedule, e.g. late in training where the accuracy runs end): `--dense-steps` plain steps, then `--steps` steps during which every registered compressor and
+the schedule, e.g. late in training where the accuracy runs end): `--dense-steps` plain steps, then `--steps`
+steps during which every registered compressor and
 the oracle (below) run beside the dense training on the same per-rank gradients, for every P of --ranks and
 every density of --densities. Each (algorithm, P, density) is P simulated ranks (sparse_asr/comm/threads.py:
 one thread per rank, each with the project's Communicator and its byte counting) with its own residuals and
@@ -478,7 +479,7 @@ def run_bench(cfg, s: Settings, log=print) -> tuple[pd.DataFrame, dict]:
 def start_from(path: str, cfg, model, optimizer, log) -> tuple[int, int]:
     """Load a training checkpoint's model (rank 0's BatchNorm statistics) and optimizer (its momentum buffers)
     into the trajectory; returns its optimizer step and epoch, where the learning-rate schedule goes on."""
-    manifest, shared = load_shared(path)
+    _, shared = load_shared(path)
     name = shared["config"]["model"]["name"]
     if name != cfg.model.name:
         raise ValueError(f"--checkpoint {path} holds model {name!r}, the config asks for {cfg.model.name!r}")
@@ -515,7 +516,8 @@ def markdown_table(summary: pd.DataFrame) -> str:
         entries = "-" if math.isnan(row["density"]) else f"{row['update_entries_mean'] / row['k_mean']:.2f} k"
         applied = "-" if math.isnan(row["applied_mean"]) else f"{row['applied_mean']:.2f}"
         contributors = "-" if math.isnan(row["contributors_mean"]) else f"{row['contributors_mean']:.2f} of {row['P']}"
-        lines.append(f"| {row['algorithm']} | {row['P']} | {density} | {entries} | {pair(row, 'cos_update', 3)} | {pair(row, 'along', 3)} | "
+        lines.append(f"| {row['algorithm']} | {row['P']} | {density} | {entries} | {pair(row, 'cos_update', 3)} | "
+                     f"{pair(row, 'along', 3)} | "
                      f"{pair(row, 'cos_momentum', 3)} | {pair(row, 'owed', 2)} | {applied} | {contributors} | "
                      f"{row['words_mean']:,.0f} |")
     return "\n".join(lines)

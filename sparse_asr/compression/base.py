@@ -296,18 +296,20 @@ def unpack_pairs(buf: torch.Tensor, index_dtype: torch.dtype) -> tuple[torch.Ten
     return indices, values
 
 
-def sum_pairs(indices: torch.Tensor, values: torch.Tensor, numel: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sum_pairs(indices: torch.Tensor, values: torch.Tensor,
+              numel: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum the values of duplicate indices: (distinct indices ascending, their sums). Given `numel` (the
     indices lie in [0, numel)) and at least numel / 4 pairs, by scatter-add into an n-long buffer (the
     faster way when the pairs are that many, as in TopkA's and Gaussiank's sums at large P); else by
-    sorting the pairs, cheaper than touching an n-long buffer when they are few. Both add every index's values in input
-    order: the results are the same bits."""
+    sorting the pairs, cheaper than touching an n-long buffer when they are few. Both add every index's
+    values in input order: the results are the same bits."""
     indices = indices.long()
     if numel is not None and indices.numel() * 4 >= numel:
         seen = torch.zeros(numel, dtype=torch.bool, device=values.device)
         seen[indices] = True
         unique = seen.nonzero().squeeze(1)
-        dense = torch.zeros(numel, dtype=torch.float32, device=values.device).index_add_(0, indices, values.to(torch.float32))
+        dense = torch.zeros(numel, dtype=torch.float32, device=values.device)
+        dense.index_add_(0, indices, values.to(torch.float32))
         return unique, dense[unique]
     unique, inverse = torch.unique(indices, return_inverse=True)
     sums = torch.zeros(unique.numel(), dtype=torch.float32, device=values.device)

@@ -43,8 +43,8 @@ local selection's nonzero and the reduce's per-region counts (both set the reduc
 the global selection's nonzero (the allgatherv's sizes), staging through host memory when MPI is
 not CUDA-aware, and, after the last transfer, the applied set's size (SparseUpdate.applied is a list of
 indices) and the local controller's elasticity count (the global one's rides with the owners' counts).
-Exact steps add the k-th value of torch.topk and one histogram per radix round. The reduced region is kept with its
-repeated indices (summed into the first, 0 elsewhere) so that no sync sizes a unique set.
+Exact steps add the k-th value of torch.topk and one histogram per radix round. The reduced region is
+kept with its repeated indices (summed into the first, 0 elsewhere) so that no sync sizes a unique set.
 """
 from __future__ import annotations
 
@@ -452,7 +452,8 @@ class OkTopk(SparseCompressor):
         moves = [m for m in reblock_moves(counts, shares) if m[1] == r]
         figures["rebalance_pairs_in"] = float(sum(hi - lo for _, _, lo, hi in moves))
         figures["rebalance_messages_in"] = float(len(moves))
-        buf = g_idx.to(self.index_dtype).view(torch.uint8) if index_only else pack_pairs(g_idx.to(self.index_dtype), g_vals)
+        g_idx = g_idx.to(self.index_dtype)
+        buf = g_idx.view(torch.uint8) if index_only else pack_pairs(g_idx, g_vals)
         rebalance = self.options.rebalance and P > 2  # at P = 2 the excess would cross the one link either way
         if rebalance and counts != shares:
             with self._phase(figures, "rebalance"):
