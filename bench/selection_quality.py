@@ -403,7 +403,7 @@ class Settings:
     checkpoint: str = ""  # start from this training checkpoint's model, momentum and schedule position
 
 
-def run_bench(cfg, s: Settings, log=print) -> tuple[pd.DataFrame, dict]:
+def run_bench(cfg, s: Settings, log=print, start: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """Train densely for dense_steps + steps steps, running every compressor beside the last `steps`.
     Returns every step's figures (one row per step and run) and timings."""
     torch.manual_seed(cfg.seed)
@@ -411,7 +411,7 @@ def run_bench(cfg, s: Settings, log=print) -> tuple[pd.DataFrame, dict]:
     params = list(model.parameters())
     flat_grad = attach_flat_grad(params)
     optimizer = build_optimizer(params, cfg.optim)
-    start_step, start_epoch = start_from(s.checkpoint, cfg, model, optimizer, log) if s.checkpoint else (0, 0)
+    start_step, start_epoch = start_from(start, model, optimizer, log) if start is not None else (0, 0)
     numel, shapes = flat_grad.numel(), [p.shape for p in params]
     dataset = load_training_set(cfg)
     if len(dataset) < s.global_batch:
@@ -476,17 +476,23 @@ def run_bench(cfg, s: Settings, log=print) -> tuple[pd.DataFrame, dict]:
     return pd.DataFrame(rows), seconds
 
 
-def start_from(path: str, cfg, model, optimizer, log) -> tuple[int, int]:
-    """Load a training checkpoint's model (rank 0's BatchNorm statistics) and optimizer (its momentum buffers)
-    into the trajectory; returns its optimizer step and epoch, where the learning-rate schedule goes on."""
+def read_start(path: str, cfg) -> dict:
+    """A training checkpoint's shared state (verified), refused with a ValueError or OSError naming it when it
+    is missing, damaged or of another model than the config's."""
     _, shared = load_shared(path)
     name = shared["config"]["model"]["name"]
     if name != cfg.model.name:
         raise ValueError(f"--checkpoint {path} holds model {name!r}, the config asks for {cfg.model.name!r}")
+    return shared
+
+
+def start_from(shared: dict, model, optimizer, log) -> tuple[int, int]:
+    """Put a checkpoint's model (rank 0's BatchNorm statistics) and optimizer (its momentum buffers) into the
+    trajectory; returns its optimizer step and epoch, where the learning-rate schedule goes on."""
     model.load_state_dict(shared["model"])
     optimizer.load_state_dict(shared["optimizer"])
     progress = shared["progress"]
-    log(f"started from {path}: optimizer step {progress['step']}, epoch {progress['epoch']}")
+    log(f"started from the checkpoint: optimizer step {progress['step']}, epoch {progress['epoch']}")
     return int(progress["step"]), int(progress["epoch"])
 
 
@@ -641,7 +647,8 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         s, batch_note = settings_from(args, cfg)
-    except ValueError as e:  # ConfigError included
+        start = read_start(s.checkpoint, cfg) if s.checkpoint else None
+    except (ValueError, OSError) as e:  # ConfigError and CheckpointError included
         print(f"selection_quality: {e}", file=sys.stderr)
         return 2
     numel = sum(p.numel() for p in build_model(cfg.model.name).parameters())
@@ -663,7 +670,7 @@ def main(argv=None) -> int:
         f"1 torch thread per simulated rank",
     ]
     print("\n".join(header), flush=True)
-    steps, seconds = run_bench(cfg, s)
+    steps, seconds = run_bench(cfg, s, start=start)
     summary = summarise(steps)
     wall = time.perf_counter() - t_start
     parts = ", ".join(f"{name} {seconds[what + '_wall']:.0f} s (CPU {seconds[what + '_cpu']:.0f} s)" for what, name in

@@ -277,7 +277,7 @@ def test_command_writes_its_table_plot_and_steps(tiny_manifest, tmp_path):
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
 
 
-def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifest, tmp_path, cfg):
+def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifest, tmp_path, cfg, capsys):
     """--checkpoint: the trajectory starts from the run's model and SGD momentum, at its step and epoch (where the
     learning-rate schedule goes on); a checkpoint of another model is refused."""
     from sparse_asr.training.checkpoint import load_shared
@@ -294,7 +294,8 @@ def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifes
     params = list(model.parameters())
     attach_flat_grad(params)
     optimizer = build_optimizer(params, cfg.optim)
-    step, epoch = sq.start_from(str(tmp_path / "trained"), cfg, model, optimizer, log=lambda *a, **k: None)
+    step, epoch = sq.start_from(sq.read_start(str(tmp_path / "trained"), cfg), model, optimizer,
+                                log=lambda *a, **k: None)
     assert (step, epoch) == (shared["progress"]["step"], shared["progress"]["epoch"]) and epoch == 2 and step > 0
     for name, value in model.state_dict().items():
         assert torch.equal(value, shared["model"][name]), name
@@ -303,4 +304,7 @@ def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifes
     assert all(torch.equal(momentum[i], saved[i]["momentum_buffer"]) for i in range(len(params)))
     other = load_config(REPO / "configs" / "smoke.yaml", ["model.name=lstman4_small"])
     with pytest.raises(ValueError, match="holds model 'lstman4_tiny', the config asks for 'lstman4_small'"):
-        sq.start_from(str(tmp_path / "trained"), other, model, optimizer, log=print)
+        sq.read_start(str(tmp_path / "trained"), other)
+    missing = tmp_path / "no-such-run"
+    assert sq.main(["--config", str(REPO / "configs" / "smoke.yaml"), "--checkpoint", str(missing)]) == 2
+    assert f"selection_quality: checkpoint {missing} does not exist" in capsys.readouterr().err
