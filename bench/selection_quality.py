@@ -54,12 +54,8 @@ figures (FILE.csv).
 
 Cost: simulating P ranks does P ranks' work, and for the allgather algorithms (TopkA, Gaussiank) one rank's
 work grows with P too (each rank sums the P k gathered pairs, compression.base.sum_pairs), so P = 32 dominates.
-CPU seconds per sparse step at lstman4_small, density 0.02, measured on this project's 2-core Xeon while it was
-shared: the compressors about 17.5 on AN4 gradients (on random ones: 13.6 at P = 32, of which TopkA 4.1,
-Gaussiank 4.5, TopkDSA 1.9, gTopk 1.4, Ok-Topk 0.8; 4.7 at P = 16; 1.8 at 8; 1.4 for P <= 4), the per-rank
-gradients of 32 one-utterance ranks 2.5 (every step), the measures 1. The default run needs 2,200 to 2,600 CPU
-seconds: about 20 minutes with both cores to itself. --ranks, --algorithms and --steps trim it (P <= 16:
-about 1,100 CPU seconds).
+The report's footer gives the wall and CPU seconds of each part and each algorithm; docs/results.md has those
+of the recorded runs. --ranks, --algorithms and --steps trim it.
 Memory: a residual per rank and algorithm, about 3 GB at the defaults.
 """
 from __future__ import annotations
@@ -79,6 +75,7 @@ import yaml
 
 from sparse_asr.comm import ThreadGroup
 from sparse_asr.compression import COMPRESSORS, Compressor, SparseCompressor, StepStats, build_compressor
+from sparse_asr.compression.selection import topk_indices
 from sparse_asr.data.audio import SpecAugment
 from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
 from sparse_asr.data.manifest import read_manifest
@@ -113,7 +110,7 @@ class Oracle(Compressor):
         t0 = time.perf_counter()
         picked = torch.zeros(k, dtype=torch.int64, device=self.device)
         if comm.rank == 0:  # one pick for all: every rank would pick the same from the same sum
-            picked = torch.topk(total.abs(), k, sorted=False).indices
+            picked = topk_indices(total, k)
         seconds_select = time.perf_counter() - t0
         comm.bcast_(picked)
         flat_grad.zero_()

@@ -240,10 +240,15 @@ def gaussiank_expected(accs, k, density, options, step):
 
 
 def oktopk_expected(accs, k, density, options, step):
-    local_k = min(accs[0].size, max(1, round(options.get("local_factor", 1.0) * k)))
-    total, indices, applied = oktopk_reference(accs, k, local_k)
+    n = accs[0].size
+    local_k = min(n, max(1, round(options.get("local_factor", 1.0) * k)))
+    global_k = min(n, max(1, round(options.get("candidate_factor", 1.0) * k)), len(accs) * local_k)
+    total, indices, applied = oktopk_reference(accs, global_k, local_k)
     if options.get("complete_values"):  # the same global set; every rank's acc summed there, applied everywhere
-        total = np.zeros(accs[0].size)
+        sums = np.sum([a[indices].astype(np.float64) for a in accs], axis=0)
+        # candidate_factor: the k largest complete sums of the global_k candidates (ties: the lowest index)
+        indices = np.sort(indices[np.argsort(-np.abs(sums), kind="stable")[:k]])
+        total = np.zeros(n)
         total[indices] = np.sum([a[indices].astype(np.float64) for a in accs], axis=0)
         applied = [indices] * len(accs)
     return Expected(total, indices, applied, None)  # data-dependent volume: tests/mpi/oktopk_check.py bounds it
@@ -284,7 +289,9 @@ REFERENCES = {
     "gtopk": Reference(gtopk_expected, [(0.02, {}), (0.3, {}), (1.0, {})]),  # 0.3: many drops at merges; 1.0: k = n
     "gaussiank": Reference(gaussiank_expected, [(0.02, {})], _gaussiank_adjusted),
     "oktopk": Reference(oktopk_expected, [(0.02, EXACT_OKTOPK), (0.02, {**EXACT_OKTOPK, "local_factor": 2.5}),
-                                          (0.02, {**EXACT_OKTOPK, "complete_values": True})]),
+                                          (0.02, {**EXACT_OKTOPK, "complete_values": True}),
+                                          (0.02, {**EXACT_OKTOPK, "complete_values": True, "candidate_factor": 2.0,
+                                                  "local_factor": 1.5})]),
     "cltk": Reference(cltk_expected, [(0.02, {}), (1.0, {})]),
     "powersgd": Reference(powersgd_expected, [(0.02, {})]),
 }

@@ -34,6 +34,8 @@ def test_bad_options_are_refused():
         build_compressor("topka", comm, 100, 0.1, no_such_option=1)
     with pytest.raises(ValueError, match="compression.options.repartition_interval .* must be int"):
         build_compressor("oktopk", comm, 100, 0.1, repartition_interval=2.5)
+    with pytest.raises(ValueError, match="candidate_factor needs complete_values"):
+        build_compressor("oktopk", comm, 100, 0.1, candidate_factor=2.0)
     with pytest.raises(ValueError, match="dense_switch"):
         build_compressor("topkdsa", comm, 100, 0.1, dense_switch=0.0)
     with pytest.raises(ValueError, match="tolerance"):

@@ -96,7 +96,7 @@ def test_sample_positions_spread():
 def test_intersect_any_order():
     g = torch.Generator().manual_seed(8)
     x = torch.randn(5_000, generator=g)
-    a = topk_indices(x, 300)  # topk order: not sorted by index
+    a = torch.topk(x.abs(), 300, sorted=False).indices  # topk order: not sorted by index
     b = torch.randperm(5_000, generator=g)[:2_000]
     assert not torch.equal(a, a.sort().values) and not torch.equal(b, b.sort().values)
     expected = torch.tensor(sorted(set(a.tolist()) & set(b.tolist())))
@@ -140,5 +140,23 @@ def test_radix_centred_on_a_guess():
 
 def test_existing_helpers_unchanged():
     x = torch.tensor([0.1, -3.0, 2.0, 0.0, -0.5])
-    assert sorted(topk_indices(x, 2).tolist()) == [1, 2]
+    assert topk_indices(x, 2).tolist() == [1, 2]
     assert threshold_indices(x, 0.5).tolist() == [1, 2, 4]
+
+
+@pytest.mark.parametrize("k", [1, 37, 2_000, 99_999, 100_000, 100_001])
+def test_topk_indices_is_torch_topks_set_ascending(k):
+    """The baselines' local top-k (TopkA, TopkDSA, gTopk, CLT-k) by sample and refine on the CPU: the
+    same set as torch.topk, ascending, exactly min(k, n) entries."""
+    x = heavy_tailed(100_000, 3)
+    got = topk_indices(x, k)
+    expected = torch.topk(x.abs(), min(k, x.numel())).indices.sort().values
+    assert got.dtype == torch.int64 and torch.equal(got, expected)
+
+
+def test_topk_indices_ties_keep_the_lowest_indices():
+    x = torch.tensor([1.0, -2.0, 1.0, 0.5, -1.0, 1.0])
+    assert topk_indices(x, 3).tolist() == [0, 1, 2]  # 2.0, then the first two of the four 1.0s
+    assert topk_indices(x, 5).tolist() == [0, 1, 2, 4, 5]
+    assert topk_indices(torch.zeros(10), 4).tolist() == [0, 1, 2, 3]
+    assert topk_indices(x, 0).numel() == 0

@@ -50,7 +50,7 @@ class CLTk(SparseCompressor):
         indices = torch.empty(k, dtype=self.index_dtype, device=acc.device)
         with Timer() as t:
             if comm.rank == leader:
-                indices.copy_(torch.sort(topk_indices(acc, k)).values)
+                indices.copy_(topk_indices(acc, k))
         comm.bcast_(indices, root=leader)
         values = acc[indices.long()]  # a copy: acc (the residual buffer) is not touched by the allreduce
         comm.allreduce_(values)

@@ -67,7 +67,7 @@ class GTopk(SparseCompressor):
         pb = pair_bytes(self.index_dtype)
         rounds = math.ceil(math.log2(P)) if P > 1 else 0
         with Timer() as t:
-            local = torch.sort(topk_indices(acc, self.k)).values
+            local = topk_indices(acc, self.k)
             s_idx, s_val = local, acc[local]
 
         # Up the tree. merges: (child, child's indices, my indices before the merge), in order.

@@ -26,7 +26,9 @@ One step on every rank r, with acc = grad + residual and k = density * n:
   6. only with the `complete_values` option (issue 20's remedy): step 5 gathers the indices alone and
      one allreduce sums every rank's acc at them, so an applied entry carries all P ranks' values, not
      only those of the ranks that picked it locally, and leaves every rank's residual (applied = G).
-     What it gains along a dense trajectory and in training: docs/results.md (issue 20).
+     With `candidate_factor` g > 1 the global selection keeps g k candidates and the k largest of their
+     complete sums are applied (the others stay in the residuals). What they gain along a dense
+     trajectory and in training: docs/results.md (issue 20).
 The base class divides by P and clears exactly applied = S_r ∩ G from the residual, computed with
 an order-free membership test (the original intersected unsorted arrays and left residuals
 uncleared on recompute steps). P = 1 runs the same code: no transfers, G = S_0 above the global
@@ -56,7 +58,8 @@ import numpy as np
 import torch
 
 from sparse_asr.compression.base import Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
-from sparse_asr.compression.selection import intersect_unique, kth_largest_magnitude_radix, threshold_indices, threshold_select, topk_threshold_select
+from sparse_asr.compression.selection import (intersect_unique, kth_largest_magnitude_radix, threshold_indices,
+                                              threshold_select, topk_indices, topk_threshold_select)
 
 # Repartition histogram: about 4 selected entries per rank per bin, at most 1024 bins (its
 # allreduce then costs ~2% of the pairs' volume at k = 500, far less for real models).
@@ -207,6 +210,10 @@ class OkTopkOptions:
     # k values) instead of only at its own local picks: an applied entry carries all P ranks' values and
     # leaves every rank's residual, as in the oracle; only G is Ok-Topk's (issue 20's remedy (d)).
     complete_values: bool = False
+    # With complete_values: the global selection keeps candidate_factor x k entries, their complete sums are
+    # allreduced, and the k largest of those are applied (the rest stay in the residuals): the complete
+    # values re-rank the candidates that the owners' partial sums chose (issue 20's remedy (e)).
+    candidate_factor: float = 1.0
 
     def check(self, name: str) -> None:
         for key in ("local_threshold_interval", "global_threshold_interval", "repartition_interval"):
@@ -217,6 +224,12 @@ class OkTopkOptions:
                 raise ValueError(f"{name}: compression.options.{key} must be in [0, 1], got {getattr(self, key)!r}")
         if not 1.0 <= self.local_factor <= 64.0:
             raise ValueError(f"{name}: compression.options.local_factor must be in [1, 64], got {self.local_factor!r}")
+        if not 1.0 <= self.candidate_factor <= 64.0:
+            raise ValueError(f"{name}: compression.options.candidate_factor must be in [1, 64], "
+                             f"got {self.candidate_factor!r}")
+        if self.candidate_factor != 1.0 and not self.complete_values:
+            raise ValueError(f"{name}: compression.options.candidate_factor needs complete_values=true "
+                             "(the candidates are re-ranked by their complete sums)")
 
 
 class OkTopk(SparseCompressor):
@@ -230,6 +243,8 @@ class OkTopk(SparseCompressor):
         self.global_threshold_interval = options.global_threshold_interval
         self.repartition_interval = options.repartition_interval
         self.k_local = min(numel, max(1, round(options.local_factor * self.k)))  # local selection's target
+        # The global selection's target: never more than the P local selections can offer together.
+        self.k_global = min(numel, max(1, round(options.candidate_factor * self.k)), comm.size * self.k_local)
         self.radix_bins = min(max(RADIX_BINS[0], 1 << max(0, (self.k // 128).bit_length() - 1)), RADIX_BINS[1])
         # Everything below is state a checkpoint must carry to resume exactly.
         self.sparse_steps = 0  # exchanges done so far (the intervals count these)
@@ -243,13 +258,16 @@ class OkTopk(SparseCompressor):
         """The paper's bounds [2k(P-1)/P, 6k(P-1)/P]; typically k pairs reduced to balanced regions and k
         pairs allgathered, 4k(P-1)/P. With local_factor c the reduce moves c times the pairs: typically
         (2c + 2)k(P-1)/P, at most (4c + 2)k(P-1)/P. With complete_values the allgather moves k indices
-        (k(P-1)/P) and a ring allreduce of k values (2k(P-1)/P) follows: typically (2c + 3)k(P-1)/P.
+        (k(P-1)/P) and a ring allreduce of k values (2k(P-1)/P) follows: typically (2c + 3)k(P-1)/P; with
+        candidate_factor g those are gk indices and gk values: typically (2c + 3g)k(P-1)/P.
         Messages: the reduce and the allgather, plus the threshold rounds (and the allreduce)."""
         options = options or OkTopkOptions()
-        c, extra = options.local_factor, (1 if options.complete_values else 0)
+        c, g = options.local_factor, options.candidate_factor
+        extra = 1 if options.complete_values else 0
         rounds = math.ceil(math.log2(P)) if P > 1 else 0
-        low, high, typical = 2 + extra, 4 * c + 2 + extra, 2 * c + 2 + extra
-        formula = "[2k(P-1)/P, 6k(P-1)/P]" if (c, extra) == (1, 0) else f"[{low:g}k, {high:g}k](P-1)/P"
+        # the allgather moves g k pairs (2g k words), or with complete_values g k indices and 2g k values
+        low, high, typical = (2 + extra) * g, 4 * c + (2 + extra) * g, 2 * c + (2 + extra) * g
+        formula = "[2k(P-1)/P, 6k(P-1)/P]" if (c, g, extra) == (1, 1, 0) else f"[{low:g}k, {high:g}k](P-1)/P"
         return Cost(low * k * (P - 1) / P, high * k * (P - 1) / P, typical * k * (P - 1) / P,
                     (2 + 2 * extra) * (P - 1) + 2 * rounds, formula)
 
@@ -287,9 +305,13 @@ class OkTopk(SparseCompressor):
             g_idx, None if complete else g_vals, counts, figures)
 
         if complete:
-            # 6. every rank's acc at every selected index, summed: every rank applies all of them
+            # 6. every rank's acc at every selected index, summed (the same bits on every rank): every rank
+            # applies all of them, or with candidate_factor > 1 the k largest complete sums
             with self._phase(figures, "complete"):
                 all_vals = comm.allreduce_(acc[all_idx.long()])
+            if self.k_global > k:
+                keep = topk_indices(all_vals, k)
+                all_idx, all_vals = all_idx[keep], all_vals[keep]
             applied = all_idx
         else:
             # Applied on this rank: its selected entries that made it into the global selection.
@@ -300,7 +322,7 @@ class OkTopk(SparseCompressor):
         local_elasticity = elasticity(count_local, local_above)
         global_elasticity = elasticity(count_global, sum(above for _, above in owner_counts))
         self.local_control.update(count_local, self.k_local, local_elasticity)
-        self.global_control.update(count_global, k, global_elasticity)
+        self.global_control.update(count_global, self.k_global, global_elasticity)
         self.sparse_steps += 1
 
         figures.update(
@@ -368,7 +390,7 @@ class OkTopk(SparseCompressor):
         of them >= threshold x (1 + ELASTICITY_STEP)], recomputed exactly?, was that the guard? The
         counts are exchanged anyway for the allgather (and the controller's elasticity), so checking
         the guard band costs nothing unless it fires."""
-        k, comm, control = self.k, self.comm, self.global_control
+        k, comm, control = self.k_global, self.comm, self.global_control
         if not due:
             keep = threshold_indices(region_vals, control.threshold)
             with self._phase(figures, "global_count"):

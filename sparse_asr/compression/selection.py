@@ -8,6 +8,7 @@ Exact thresholds (the k-th largest |x|) are found by whatever is fastest on the 
     Its pass over x is the same scan that the threshold-reuse steps of Ok-Topk do anyway;
   - CUDA: torch.topk, then one compare + nonzero for every entry at or above its k-th value.
 Both give the same threshold and the same (sorted) indices; either can be called on any device.
+`topk_indices` (exactly k entries, ties cut by index) is the baselines' local top-k on top of it.
 
 `threshold_indices` (every |x| >= t, sorted) scans a CPU tensor in cache-sized chunks with numpy,
 whose nonzero is several times faster than torch's on one thread; other devices use torch.
@@ -30,9 +31,18 @@ SCAN_CHUNK = 1 << 16  # entries per step of the CPU threshold scan: |x| and the 
 
 
 def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k entries of largest magnitude (exact; order unspecified)."""
+    """Indices (int64, ascending) of exactly min(k, n) entries of largest magnitude, by the fastest
+    exact method on x's device (topk_threshold_select). Ties at the k-th value keep the lowest
+    indices, so every rank knows the count (TopkA's allgather needs no size exchange)."""
     k = min(k, x.numel())
-    return torch.topk(x.abs(), k, sorted=False).indices
+    if k == 0:
+        return torch.zeros(0, dtype=torch.int64, device=x.device)
+    indices, t = topk_threshold_select(x, k)
+    if indices.numel() > k:  # ties at t: every entry above it, then the first of those equal to it
+        at_t = x[indices].abs() == t
+        above = indices[~at_t]
+        indices = torch.cat([above, indices[at_t][: k - above.numel()]]).sort().values
+    return indices
 
 
 def threshold_indices(x: torch.Tensor, threshold: float) -> torch.Tensor:

@@ -259,8 +259,16 @@ def check_rebalanced_steps(comp, grads, steps):
 
 def check_complete():
     check_exact(complete_values=True)
+    check_exact(complete_values=True, candidate_factor=2.0)
+    for candidate_factor in (1.0, 2.0):
+        check_complete_steps(candidate_factor)
+
+
+def check_complete_steps(candidate_factor):
+    """40 default steps: applied = G (or the k largest complete sums of the g k candidates) on every rank,
+    residual = acc minus them, mass conserved, exact bytes of the index allgather and of the allreduce."""
     n, density, steps = 20000, 0.01, 40
-    comp = OkTopk(comm, n, density, complete_values=True)
+    comp = OkTopk(comm, n, density, complete_values=True, candidate_factor=candidate_factor)
     grads = CorrelatedGradients(n, seed=4)
     for step in range(steps):
         grad = grads.next()
@@ -268,8 +276,12 @@ def check_complete():
         flat = grad.clone()
         stats = comp.step(flat)
         in_g = flat != 0
-        G = stats.selected_global
-        assert int(in_g.sum()) == G and comp.k / 2 <= G <= 2 * comp.k, (step, int(in_g.sum()), G, comp.k)
+        G = int(stats.extra["global_count"])  # the global selection: the candidates
+        applied = min(G, comp.k) if comp.k_global > comp.k else G  # at P = 1 there are no more candidates
+        assert int(in_g.sum()) == stats.selected_global == applied, (step, int(in_g.sum()), stats.selected_global, G)
+        assert comp.k_global / 2 <= G <= 2 * comp.k_global, (step, G, comp.k_global)
+        everywhere = comm.allgather_object(torch.nonzero(in_g).flatten().tolist())
+        assert all(s == everywhere[0] for s in everywhere), f"step {step}: ranks applied different sets"
         assert torch.equal(comp.residual, torch.where(in_g, torch.zeros_like(acc), acc)), f"step {step}: residual is not acc minus G"
         total_acc = reduce64(acc, MPI.SUM)
         total_after = reduce64(comp.residual, MPI.SUM) + P * flat.double().numpy()
