@@ -247,9 +247,10 @@ def oktopk_expected(accs, k, density, options, step):
     if options.get("complete_values"):  # the same global set; every rank's acc summed there, applied everywhere
         sums = np.sum([a[indices].astype(np.float64) for a in accs], axis=0)
         # candidate_factor: the k largest complete sums of the global_k candidates (ties: the lowest index)
-        indices = np.sort(indices[np.argsort(-np.abs(sums), kind="stable")[:k]])
+        keep = np.sort(np.argsort(-np.abs(sums), kind="stable")[:k])  # indices ascend, so these positions do
+        indices = indices[keep]
         total = np.zeros(n)
-        total[indices] = np.sum([a[indices].astype(np.float64) for a in accs], axis=0)
+        total[indices] = sums[keep]
         applied = [indices] * len(accs)
     return Expected(total, indices, applied, None)  # data-dependent volume: tests/mpi/oktopk_check.py bounds it
 

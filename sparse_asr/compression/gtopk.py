@@ -48,7 +48,7 @@ def unpack_bits(packed: torch.Tensor, m: int) -> torch.Tensor:
 def merge_topk(a_idx, a_val, b_idx, b_val, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum two sparse sets and keep the k entries of largest |sum| (indices ascending)."""
     idx, val = sum_pairs(torch.cat([a_idx, b_idx]), torch.cat([a_val, b_val]))
-    keep = torch.sort(torch.topk(val.abs(), k, sorted=False).indices).values
+    keep = topk_indices(val, k)
     return idx[keep], val[keep]
 
 
