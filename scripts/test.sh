@@ -3,9 +3,34 @@
 #   bash scripts/test.sh                 everything (CI runs this: .ci/run)
 #   bash scripts/test.sh --quick         the unit tier only (pytest -m unit): the edit-test loop, under a minute
 #   bash scripts/test.sh -m "data or mpi" [pytest arguments]   any tier or selection (tiers: tests/conftest.py)
+#   bash scripts/test.sh --cpu-matrix [pytest arguments]   the numerical tiers (all but tooling) once per CPU
+#        kernel dispatch this CPU can run: ATEN_CPU_CAPABILITY=default, avx2, avx512 (where the CPU has it) and
+#        oneDNN limited to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2). Each torch kernel family rounds differently, so a
+#        test that holds under one and not another asserts a float that one CPU happens to give. Run it
+#        before every submission; CI runs the suite once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+if [[ "${1:-}" == --cpu-matrix ]]; then
+    shift
+    passes=(ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2)
+    grep -q -w avx512f /proc/cpuinfo && passes+=(ATEN_CPU_CAPABILITY=avx512)
+    passes+=(ONEDNN_MAX_CPU_ISA=AVX2)
+    failed=()
+    start=$SECONDS
+    for pass in "${passes[@]}"; do
+        echo "== test.sh --cpu-matrix: $pass ($(env "$pass" .venv/bin/python -c \
+            'import torch; print("torch dispatch", torch.backends.cpu.get_cpu_capability())'))"
+        t0=$SECONDS
+        env "$pass" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m pytest -m "not tooling" -q "$@" \
+            || failed+=("$pass")
+        echo "== $pass: $((SECONDS - t0)) s"
+    done
+    echo "== test.sh --cpu-matrix: ${#passes[@]} passes in $((SECONDS - start)) s;" \
+         "$( ((${#failed[@]})) && echo "FAILED under: ${failed[*]}" || echo "all passed")"
+    ((${#failed[@]} == 0))
+    exit
+fi
 if [[ "${1:-}" == --quick ]]; then
     shift
     set -- -m unit "$@"

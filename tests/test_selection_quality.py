@@ -168,11 +168,13 @@ def test_simulation_conserves_mass_and_measures_what_it_says(cfg):
                 check_figures(run, result, reference, figures, where)
                 if residuals_before[0] is None:
                     continue
+                if label == "powersgd":  # acc minus its low-rank part, on every rank alike
+                    continue
+                sent = torch.zeros(numel, dtype=torch.float64)  # what the ranks took out of their residuals
                 for r, c in enumerate(run.compressors):
                     acc = residuals_before[r] + fed_now[r]  # float32, as the compressors add
                     residual = sq.residual_of(c)
-                    if label in ("powersgd",):  # acc minus its low-rank part, on every rank alike
-                        continue
+                    sent += acc.double() - residual.double()
                     cleared = (residual == 0) & (acc != 0)
                     # residual = acc with exactly the applied entries cleared, all of them in the update
                     assert torch.equal(torch.where(cleared, torch.zeros_like(acc), acc), residual), where
@@ -180,7 +182,11 @@ def test_simulation_conserves_mass_and_measures_what_it_says(cfg):
                     assert int(cleared.sum()) <= result.applied[r] <= int((residual == 0).sum()), (where, r)
                     if label not in (sq.ORACLE, "cltk"):
                         assert int(cleared.sum()) == result.applied[r], (where, r)
-                    assert bool((result.update[cleared] != 0).all()), (where, r)
+                # this step's update is exactly what the ranks took out, entry by entry: a cleared entry missing
+                # from the update fails here. (Not "update != 0 where cleared": P ranks' values at one shared
+                # index can sum to exactly 0 in float32, depending on the CPU's kernels; issue 29, item 8.)
+                scale = float(sent.abs().max())
+                torch.testing.assert_close(result.update.double() * P, sent, rtol=0, atol=1e-6 * scale, msg=where)
         for run in sim.runs:  # conservation: everything fed is applied or still owed
             owed = sum((sq.residual_of(c).double() for c in run.compressors), torch.zeros(numel, dtype=torch.float64)) \
                 if sq.residual_of(run.compressors[0]) is not None else 0.0
