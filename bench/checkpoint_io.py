@@ -24,6 +24,7 @@ import resource
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def save_gathered(comm, path: Path, state: TrainingState) -> int:
 
 def load_gathered(comm, path: Path) -> float:
     """The old load: the one file memory-mapped, this rank's entry and the shared parts read."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     return read_all([ckpt["model"], ckpt["optimizer"], ckpt["ranks"][comm.rank]])
 
 
@@ -114,7 +115,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="lstman4")
     parser.add_argument("--density", type=float, default=0.02)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("/tmp/checkpoint_io"))
+    parser.add_argument("--out", type=Path, help="a new directory for the checkpoints, kept afterwards "
+                        "(default: a private temporary directory, deleted at the end)")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
     args = parser.parse_args(argv)
     comm = Communicator()
@@ -124,25 +126,46 @@ def main(argv=None) -> int:
 
 def run(args, comm) -> None:
     torch.set_num_threads(1)
+    out = comm.bcast_object(make_out_dir(args.out) if comm.rank == 0 else None)
+    if isinstance(out, str):  # rank 0's error, raised on every rank
+        raise SystemExit(f"checkpoint_io.py: error: {out}")
+    try:
+        measure(args, comm, out)
+    finally:
+        comm.barrier()
+        if comm.rank == 0 and args.out is None:
+            shutil.rmtree(out)
+
+
+def make_out_dir(out: Path | None) -> Path | str:
+    """A directory no one else controls: a new private temporary one, or `out` created anew (never an
+    existing path or a planted symlink, which mkdir refuses). Returns the error message if it cannot."""
+    if out is None:
+        return Path(tempfile.mkdtemp(prefix="checkpoint_io-"))
+    try:
+        out.mkdir(mode=0o700)
+    except OSError as e:
+        return f"--out {out} must be a new directory: {e.strerror}"
+    return out
+
+
+def measure(args, comm, out: Path) -> None:
     P = comm.size
-    sharded_dir, gathered_file = args.out / "checkpoints", args.out / "gathered" / "last.pt"
-    if comm.rank == 0:
-        shutil.rmtree(args.out, ignore_errors=True)
-    comm.barrier()
+    sharded_dir, gathered_file = out / "checkpoints", out / "gathered" / "last.pt"
     state = training_state(comm, args.model, args.density)
     numel = state.mine.compressor["residual"].numel()
 
     # Sharded first and alone, for rank 0's peak memory; then both kinds alternating, for the times.
     times = {"sharded save": [], "sharded load": [], "gathered save": [], "gathered load": []}
     times["sharded save"].append(timed(comm, lambda: save_training_state(comm, sharded_dir, state, keep=1)))
-    times["sharded load"].append(timed(comm, lambda: load_sharded(comm, args.out)))
+    times["sharded load"].append(timed(comm, lambda: load_sharded(comm, out)))
     rss_sharded = peak_rss_gb()
     pickled = 0
     for repeat in range(args.repeats):
         if repeat:
             state.progress.step = repeat + 1
             times["sharded save"].append(timed(comm, lambda: save_training_state(comm, sharded_dir, state, keep=1)))
-            times["sharded load"].append(timed(comm, lambda: load_sharded(comm, args.out)))
+            times["sharded load"].append(timed(comm, lambda: load_sharded(comm, out)))
         times["gathered save"].append(timed(comm, lambda: save_gathered(comm, gathered_file, state)))
         times["gathered load"].append(timed(comm, lambda: load_gathered(comm, gathered_file)))
         pickled = len(pickle.dumps(dataclasses.asdict(state.mine), protocol=pickle.HIGHEST_PROTOCOL))
@@ -178,7 +201,7 @@ def run(args, comm) -> None:
     print(f"# Checkpoint I/O: {args.model} ({numel / 1e6:.1f}M parameters), Ok-Topk state, P = {P}\n")
     print(f"`mpiexec -n {P} bench/checkpoint_io.py --model {args.model} --repeats {args.repeats}`: {P} ranks, "
           f"1 torch thread each, on {os.cpu_count()} cores (oversubscribed), load average "
-          f"{os.getloadavg()[0]:.1f} at the end; files under {args.out} (one local disk). Median of "
+          f"{os.getloadavg()[0]:.1f} at the end; files under {out} (one local disk). Median of "
           f"{len(times['sharded save'])} (sharded) and {len(times['gathered save'])} (gathered) alternating saves; "
           f"every file fsynced.\n")
     print("| | sharded (rank{r}.pt + shared.pt + manifest) | gathered (one file via rank 0) |")

@@ -90,6 +90,54 @@ def test_rng_state_round_trip():
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
 
 
+class RunsCode:
+    """What a malicious checkpoint holds: unpickling it runs a shell command (issue 29, item 1)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch '{self.marker}'",)
+
+
+def rewrite_with_index(directory: Path, name: str, obj) -> None:
+    """Replace one file of a checkpoint and re-sign the index, as whoever writes a shared file can."""
+    torch.save(obj, directory / name)
+    manifest = json.loads((directory / MANIFEST).read_text())
+    data = (directory / name).read_bytes()
+    manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["index_sha256"] = index_digest(manifest)
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name", ["shared.pt", "rank0.pt"])
+def test_a_checkpoint_that_would_run_code_is_refused_unopened(tmp_path, name):
+    comm = Communicator()
+    directory = save_training_state(comm, tmp_path / "checkpoints", make_state(2))
+    for path in directory.glob("*.pt"):  # everything this code writes loads with weights_only=True
+        torch.load(path, weights_only=True)
+    marker = tmp_path / "ran"
+    payload = torch.load(directory / name, weights_only=True)
+    payload["extra" if name == "shared.pt" else "state"] = RunsCode(marker)
+    rewrite_with_index(directory, name, payload)
+    with pytest.raises(CheckpointError, match=f"checkpoint file {directory / name} holds something other than "
+                                              f"tensors and plain values .refused, not loaded"):
+        load_training_state(comm, directory)
+    if name == "shared.pt":
+        with pytest.raises(CheckpointError, match="holds something other than tensors"):
+            load_shared(directory)  # evaluate.py's reader
+    assert not marker.exists(), "the checkpoint's code ran"
+
+
+def test_an_older_format_is_refused_with_its_version(tmp_path):
+    directory = save_training_state(Communicator(), tmp_path / "checkpoints", make_state(1))
+    manifest = {**json.loads((directory / MANIFEST).read_text()), "format_version": 3}
+    manifest["index_sha256"] = index_digest(manifest)
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="checkpoint format 3 is older than this code's 4 and holds pickled"):
+        load_shared(directory)
+
+
 @pytest.mark.parametrize("name", ["shared.pt", "rank0.pt"])
 def test_a_damaged_file_is_refused_naming_it(tmp_path, name):
     comm = Communicator()

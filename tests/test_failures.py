@@ -1,6 +1,7 @@
 """What a cluster user's mistakes and a cluster's failures must produce: a clear message naming the cause
 (file, line, key or machine), nothing lost, and an end (never a hang). Each case runs the real entry point
 the way a user would, in a subprocess."""
+import fcntl
 import os
 import re
 import subprocess
@@ -257,3 +258,70 @@ def test_evaluate_names_every_unusable_audio_file_by_manifest_line(an4_manifests
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "2 of 5 manifest rows have audio that cannot be used" in proc.stderr, proc.stderr
     assert f"{tmp_path}/test.csv:3: " in proc.stderr and f"{tmp_path}/test.csv:5: " in proc.stderr, proc.stderr
+
+
+def test_planted_symlinks_are_never_written_through(tmp_path):
+    """A symlink planted where the project creates its lock files (a shared run or data directory) is refused
+    by name and its target left as it was (issue 29, item 2)."""
+    from sparse_asr.comm import Communicator
+    from sparse_asr.data.an4 import An4Error, _locked
+    from sparse_asr.training.rundir import RunDirLock
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone's data\n")
+    for directory, name in ((tmp_path / "run", ".lock"), (tmp_path / "data", ".an4.lock")):
+        directory.mkdir()
+        (directory / name).symlink_to(victim)
+    with pytest.raises(OSError, match=rf"cannot take the lock {tmp_path / 'run' / '.lock'}: .* is a symbolic link"):
+        RunDirLock(tmp_path / "run", Communicator()).acquire()
+    with pytest.raises(An4Error, match=rf"{tmp_path / 'data' / '.an4.lock'} is a symbolic link; refusing"):
+        with _locked(tmp_path / "data"):
+            pass
+    assert victim.read_text() == "someone's data\n"
+
+
+def test_the_lock_a_job_releases_is_never_taken_by_two(tmp_path):
+    """The ending job unlinks .lock while it holds it; a job that opened that file just before locks a
+    dead inode: it must notice and lock the path anew, so that it and a third job cannot both hold it."""
+    from sparse_asr.comm import Communicator
+    from sparse_asr.training.rundir import RunDirLock
+
+    first = RunDirLock(tmp_path / "run", Communicator())
+    first.acquire()
+    real_flock, opened = fcntl.flock, []
+
+    def flock_after_release(fd, op):  # the second job has opened the old file; the first ends right then
+        if not opened:
+            opened.append(fd)
+            first.release()
+        return real_flock(fd, op)
+
+    second = RunDirLock(tmp_path / "run", Communicator())
+    try:
+        fcntl.flock = flock_after_release
+        second.acquire()
+    finally:
+        fcntl.flock = real_flock
+    assert opened and (tmp_path / "run" / ".lock").exists()  # second locked the file that is there now
+    with pytest.raises(FileExistsError, match="is in use by the job on host"):
+        RunDirLock(tmp_path / "run", Communicator()).acquire()  # a third job is refused
+    second.release()
+
+
+def test_a_full_disk_at_the_lock_names_it_and_leaves_no_lock(small_disk):
+    from sparse_asr.comm import Communicator
+    from sparse_asr.training.rundir import RunDirLock
+
+    (small_disk / "run").mkdir()
+    filler = small_disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:  # fill the disk to the last block
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError, match=rf"cannot take the lock {small_disk / 'run' / '.lock'}: No space left"):
+        RunDirLock(small_disk / "run", Communicator()).acquire()
+    assert not (small_disk / "run" / ".lock").exists()

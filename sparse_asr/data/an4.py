@@ -10,6 +10,7 @@ copied next to the extracted data (<data-dir>/LICENSE.an4).
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import gzip
 import json
@@ -51,12 +52,18 @@ def log(message: str) -> None:
 def _locked(directory: Path):
     """Serialise preparations sharing a data dir (several test runs may start at once)."""
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".an4.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    path = directory / ".an4.lock"
+    try:  # never through a symlink planted in a shared data directory, never truncating what is there
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise An4Error(f"{path} is a symbolic link; refusing to follow it (remove it)") from None
+        raise An4Error(f"cannot open the lock file {path}: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 # ---------------------------------------------------------------- getting the files

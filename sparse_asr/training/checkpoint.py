@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import random
 import shutil
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ import torch
 
 from sparse_asr.fileio import atomic_write, atomic_write_text, fsync_dir
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # 4: every file loads with weights_only=True (RNG states as tensors)
 MANIFEST = "manifest.json"
 SHARED = "shared.pt"
 
@@ -262,6 +263,11 @@ def read_index(directory: str | Path) -> dict:
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path} cannot be read: {e}") from None
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        version = manifest.get("format_version") if isinstance(manifest, dict) else None
+        if isinstance(version, int) and 1 <= version < FORMAT_VERSION:
+            raise CheckpointError(f"{path}: checkpoint format {version} is older than this code's {FORMAT_VERSION} "
+                                  f"and holds pickled objects that cannot be loaded safely; resume or evaluate it "
+                                  f"with the code that wrote it")
         raise CheckpointError(f"{path} is not a manifest of this project's checkpoint format {FORMAT_VERSION}")
     missing = {"world_size", "step", "config", "files"} - set(manifest)
     if missing:
@@ -293,7 +299,19 @@ def load_verified(directory: Path, manifest: dict, name: str) -> dict:
                               f"(truncated or replaced)")
     if file_sha256(path) != entry["sha256"]:
         raise CheckpointError(f"checkpoint file {path} is corrupted: its SHA-256 differs from the manifest's")
-    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    return load_tensors_only(path)
+
+
+def load_tensors_only(path: Path) -> dict:
+    """torch.load with weights_only=True: tensors, numbers, strings and containers of them, nothing else.
+    Checkpoints travel between researchers, and unpickling an arbitrary object can run any code (its
+    __reduce__); the SHA-256 index does not help, since whoever writes the file writes the index too."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint file {path} holds something other than tensors and plain values "
+                              f"(refused, not loaded: unpickling it could run code): {first}") from None
 
 
 def file_sha256(path: Path) -> str:
@@ -372,16 +390,24 @@ def check_state_fits(what: str, expected: dict, got: dict, prefix: str = "") -> 
 
 
 # ---------------------------------------------------------------------------------------- RNG
+# Every generator's state as tensors and plain values, so that a checkpoint loads with weights_only=True.
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    version, mt_state, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": {"version": version, "state": torch.tensor(mt_state, dtype=torch.int64), "gauss": gauss},
+             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
+    np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

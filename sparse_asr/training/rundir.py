@@ -63,31 +63,66 @@ class RunDirLock:
         self.path, self.comm, self.fd = Path(run_dir) / self.NAME, comm, None
 
     def acquire(self) -> None:
-        """Take the lock (creating the run directory), or raise FileExistsError naming the holder on every rank."""
+        """Take the lock (creating the run directory), or raise FileExistsError naming the holder (OSError
+        naming the file if it cannot be taken) on every rank."""
         refusal = None
         if self.comm.rank == 0:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                refusal = self._take()
+            except OSError as e:
+                refusal = OSError(e.errno, f"cannot take the lock {self.path}: {e.strerror or e}")
+        refusal = self.comm.bcast_object(refusal)
+        if isinstance(refusal, OSError):
+            raise refusal
+        if refusal:
+            raise FileExistsError(refusal)
+
+    def _take(self) -> str | None:
+        """Rank 0: lock RUN_DIR/.lock and write the holder into it; the refusal message if another job holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            try:  # never through a symlink planted in a shared directory, never truncating what is there
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise OSError(e.errno, f"{self.path} is a symbolic link; refusing to follow it") from None
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
                 if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                    os.close(fd)
                     raise
                 holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "an unknown job"
                 os.close(fd)
-                refusal = (f"run directory {self.path.parent} is in use by {holder} (it holds {self.path}): "
-                           f"one job at a time per run directory; wait for it to end, or choose another name=")
-            else:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"the job on host {socket.gethostname()}, PID {os.getpid()}, started "
-                              f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
-                self.fd = fd
-        refusal = self.comm.bcast_object(refusal)
-        if refusal:
-            raise FileExistsError(refusal)
+                return (f"run directory {self.path.parent} is in use by {holder} (it holds {self.path}): "
+                        f"one job at a time per run directory; wait for it to end, or choose another name=")
+            # A job ending unlinks the file while it still holds the lock: if we locked that unlinked
+            # inode (or one replaced since we opened it), the lock guards nothing; open the path again.
+            try:
+                current = os.stat(self.path, follow_symlinks=False)
+            except FileNotFoundError:
+                current = None
+            mine = os.fstat(fd)
+            if current is None or (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
+                os.close(fd)
+                continue
+            break
+        try:
+            os.ftruncate(fd, 0)
+            holder = (f"the job on host {socket.gethostname()}, PID {os.getpid()}, started "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n").encode()
+            if os.pwrite(fd, holder, 0) != len(holder):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:  # a full disk: leave no empty lock file behind
+            self.path.unlink(missing_ok=True)
+            os.close(fd)
+            raise
+        self.fd = fd
+        return None
 
     def release(self) -> None:
         if self.fd is not None:
-            self.path.unlink(missing_ok=True)
+            self.path.unlink(missing_ok=True)  # still holding the lock: a job that opened it now sees it is gone
             os.close(self.fd)  # (closing releases the flock)
             self.fd = None
