@@ -325,3 +325,44 @@ def test_a_full_disk_at_the_lock_names_it_and_leaves_no_lock(small_disk):
     with pytest.raises(OSError, match=rf"cannot take the lock {small_disk / 'run' / '.lock'}: No space left"):
         RunDirLock(small_disk / "run", Communicator()).acquire()
     assert not (small_disk / "run" / ".lock").exists()
+
+
+def test_a_delayed_chained_job_continues_the_run_it_finds_under_the_lock(an4_manifests, tmp_path, monkeypatch):
+    """Two `--resume auto name=X` jobs started together; the second is slow in start-up and takes the lock only
+    after the first has finished (issue 29, item 3). It must continue that run, not start afresh over it."""
+    from sparse_asr.training.rundir import RunDirLock
+    from tests.mpi.train_common import run_training
+
+    overrides = tiny_overrides(an4_manifests, tmp_path, "chain", train__epochs=1)
+    real_acquire, first_done = RunDirLock.acquire, []
+
+    def slow_acquire(lock):  # job B has decided nothing yet when job A runs start to end
+        if not first_done:
+            first_done.append(True)
+            monkeypatch.setattr(RunDirLock, "acquire", real_acquire)
+            run_training(overrides, resume="auto")  # job A
+        real_acquire(lock)
+
+    monkeypatch.setattr(RunDirLock, "acquire", slow_acquire)
+    run_training(overrides + ["train.epochs=2"], resume="auto")  # job B
+    rows = read_metrics(tmp_path / "chain")
+    assert [m["epoch"] for m in rows if m["kind"] == "epoch"] == [1, 2]  # B continued A's epoch 1
+    # one history: A's rows up to its checkpoint, then B's (A's test row after its last checkpoint is dropped)
+    assert [m["epoch"] for m in rows if m["kind"] == "test"] == [2]
+
+
+def test_resume_auto_with_last_missing_or_dangling_continues_from_the_newest_intact(an4_manifests, tmp_path):
+    """The chained-job path falls back like --resume RUN does (issue 29, item 4)."""
+    from tests.mpi.train_common import run_training
+
+    overrides = tiny_overrides(an4_manifests, tmp_path, "nolast", train__epochs=1)
+    run_training(overrides, resume="auto")
+    last = tmp_path / "nolast" / "checkpoints" / "last"
+    target = os.readlink(last)
+    last.unlink()
+    run_training(overrides + ["train.epochs=2"], resume="auto")  # last missing
+    last.unlink()
+    last.symlink_to("step-99999999")  # dangling
+    run_training(overrides + ["train.epochs=3"], resume="auto")
+    epochs = [m["epoch"] for m in read_metrics(tmp_path / "nolast") if m["kind"] == "epoch"]
+    assert epochs == [1, 2, 3] and target.startswith("step-"), epochs

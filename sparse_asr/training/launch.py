@@ -177,10 +177,10 @@ def bare_trainer(cfg: Config, comm, model: torch.nn.Module, train: SpeechDataset
                    device, RunLogger(cfg.run_dir, enabled=False))
 
 
-def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False, lock: RunDirLock | None = None) -> Trainer:
+def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False) -> Trainer:
     """Collective: the Trainer of a resolved config, restored from the checkpoint `resume` when given. All
-    that can refuse the run is checked on every rank before the run directory is touched; then `lock` (the
-    caller releases it) is taken; `overwrite` deletes a previous run's files there first."""
+    that can refuse the run is checked on every rank before the run directory is touched (run_job holds
+    its lock by then); `overwrite` deletes a previous run's files there first."""
     process = setup_process(comm, cfg.distributed.device, cfg.train.threads, cfg.train.precision,
                             cfg.distributed.cuda_aware_mpi)
     seed_everything(cfg.seed)
@@ -197,9 +197,7 @@ def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False, lock
     if state is not None:  # refused on every rank if the checkpoint does not fit this run
         on_every_rank(comm, lambda: check_fits(state, model, compressor, resume))
 
-    # Nothing was written before this line.
-    if lock is not None:
-        lock.acquire()
+    # Nothing was written before this line (but run_job's lock file).
     removed = clear_previous_run(cfg.run_dir) if overwrite and comm.rank == 0 else []
     if state is not None and comm.rank == 0:
         drop_metrics_after(cfg.run_dir, state.extra["metrics_rows"])  # rows a crashed run wrote after the checkpoint
@@ -236,12 +234,22 @@ def check_fits(state: TrainingState, model: torch.nn.Module, compressor: Compres
 def run_job(comm, config: str | None, overrides: list[str], resume: str = "", overwrite: bool = False) -> dict:
     """Collective: a whole training job, as train.py's command line asks it; returns the last dev and test
     summaries. `resume`: a run or checkpoint directory, 'auto', or '' (then the config's train.resume)."""
-    cfg, checkpoint, notes = config_for_run(config, overrides, resume, comm.size)  # (no collective yet)
+    # Where the run lives, and every config error, before any file is touched (no collective yet).
+    cfg, _, _ = config_for_run(config, overrides, resume, comm.size)
     # From the first collective on, a rank that stops (a stalled node) ends the job instead of hanging it.
     watchdog = Watchdog(comm, cfg.distributed.timeout_s) if cfg.distributed.timeout_s and comm.size > 1 else None
     lock = None
     try:
+        cfg = resolve_for_run(cfg, comm)  # the run's name (a timestamp from rank 0 if none was given)
+        lock = RunDirLock(cfg.run_dir, comm)
+        lock.acquire()
+        # What to do (fresh start, which checkpoint, a previous run in the way) is decided under the lock: a
+        # chained job that was slow to start must see what the job before it left, not what was there earlier.
+        locked_dir = cfg.run_dir
+        cfg, checkpoint, notes = config_for_run(config, [*overrides, f"name={cfg.name}"], resume, comm.size)
         cfg = resolve_for_run(cfg, comm)
+        if cfg.run_dir.resolve() != locked_dir.resolve():
+            raise CheckpointError(f"the run moved from {locked_dir} to {cfg.run_dir} while this job started")
         if overwrite and checkpoint and cfg.train.resume != "auto":
             raise ConfigError("--overwrite starts the run afresh and --resume continues it: give one of them")
         overwrite = overwrite and not checkpoint  # with --resume auto: only when there is nothing to continue
@@ -249,8 +257,7 @@ def run_job(comm, config: str | None, overrides: list[str], resume: str = "", ov
             refusal = comm.bcast_object(previous_run_message(cfg.run_dir) if comm.rank == 0 else None)
             if refusal:
                 raise FileExistsError(refusal)
-        lock = RunDirLock(cfg.run_dir, comm)
-        trainer = start_run(cfg, comm, resume=checkpoint, overwrite=overwrite, lock=lock)
+        trainer = start_run(cfg, comm, resume=checkpoint, overwrite=overwrite)
         for note in notes:
             trainer.log.info(note)
         try:

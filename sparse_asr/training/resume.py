@@ -45,7 +45,9 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str,
         if requested is None or not requested.name:
             raise ConfigError("--resume auto (train.resume=auto) needs --config and an explicit run name "
                               "(name=NAME): it continues OUT_DIR/NAME if that has a checkpoint, else starts it")
-        if not (requested.run_dir / "checkpoints" / "last").exists():
+        # Any finished checkpoint counts, not only `last`: a crash between a save and its link, or a user's
+        # cleanup, leaves `last` missing or dangling, and the run continues from its newest intact one.
+        if not complete_checkpoints(requested.run_dir / "checkpoints"):
             return dataclasses.replace(requested, train=dataclasses.replace(requested.train, resume=asked)), "", []
         resume = str(requested.run_dir)
     directory, fallback = locate_checkpoint(resume)

@@ -61,6 +61,7 @@ class RunDirLock:
 
     def __init__(self, run_dir: str | Path, comm):
         self.path, self.comm, self.fd = Path(run_dir) / self.NAME, comm, None
+        self.created_dir = False  # a refused start leaves no empty run directory behind
 
     def acquire(self) -> None:
         """Take the lock (creating the run directory), or raise FileExistsError naming the holder (OSError
@@ -79,8 +80,9 @@ class RunDirLock:
 
     def _take(self) -> str | None:
         """Rank 0: lock RUN_DIR/.lock and write the holder into it; the refusal message if another job holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.created_dir = not self.path.parent.exists()
         while True:
+            self.path.parent.mkdir(parents=True, exist_ok=True)  # again after a job that created it removed it
             try:  # never through a symlink planted in a shared directory, never truncating what is there
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
             except OSError as e:
@@ -126,3 +128,8 @@ class RunDirLock:
             self.path.unlink(missing_ok=True)  # still holding the lock: a job that opened it now sees it is gone
             os.close(self.fd)  # (closing releases the flock)
             self.fd = None
+            if self.created_dir:
+                try:
+                    self.path.parent.rmdir()  # only if the job wrote nothing there
+                except OSError:
+                    pass
