@@ -366,3 +366,24 @@ def test_resume_auto_with_last_missing_or_dangling_continues_from_the_newest_int
     run_training(overrides + ["train.epochs=3"], resume="auto")
     epochs = [m["epoch"] for m in read_metrics(tmp_path / "nolast") if m["kind"] == "epoch"]
     assert epochs == [1, 2, 3] and target.startswith("step-"), epochs
+
+
+def test_a_row_cut_by_a_crash_never_corrupts_the_metrics_on_resume(an4_manifests, tmp_path):
+    """A node crash can cut metrics.jsonl inside the rows a checkpoint covers (issue 29, item 6): the resume keeps
+    the complete rows before the cut, says so, and every line of the file stays one JSON object."""
+    import json
+
+    from tests.mpi.train_common import run_training
+
+    overrides = tiny_overrides(an4_manifests, tmp_path, "cut", train__epochs=1)
+    run_training(overrides)
+    path = tmp_path / "cut" / "metrics.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:5]) + lines[5][: len(lines[5]) // 2])  # cut in the middle of line 6
+    proc = train_cli(["--resume", str(tmp_path / "cut"), "train.epochs=2"])
+    assert proc.returncode == 0, proc.stderr
+    assert "metrics.jsonl: kept the 5 complete rows the checkpoint covers" in proc.stdout
+    assert "line 6 was cut or damaged" in proc.stdout
+    rows = [json.loads(line) for line in path.read_text().splitlines()]  # every line parses
+    assert path.read_bytes().splitlines(keepends=True)[:5] == lines[:5]
+    assert [m["epoch"] for m in rows if m["kind"] == "epoch"] == [1, 2]  # epoch 1's row is among the first 5

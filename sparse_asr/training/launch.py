@@ -199,14 +199,17 @@ def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False) -> T
 
     # Nothing was written before this line (but run_job's lock file).
     removed = clear_previous_run(cfg.run_dir) if overwrite and comm.rank == 0 else []
+    dropped = None  # rows a crashed run wrote after the checkpoint, or a row it cut
     if state is not None and comm.rank == 0:
-        drop_metrics_after(cfg.run_dir, state.extra["metrics_rows"])  # rows a crashed run wrote after the checkpoint
+        dropped = drop_metrics_after(cfg.run_dir, state.extra["metrics_rows"])
     # TensorBoard readers drop the crashed run's events from step + 1 on; the checkpoint step's own points stay.
     log = RunLogger(cfg.run_dir, enabled=comm.rank == 0, purge_step=state.progress.step + 1 if state else None)
     if comm.rank == 0:
         atomic_write_text(cfg.run_dir / "config.yaml", to_yaml(cfg))
     log.info(f"run {cfg.run_dir} on {comm.size} rank(s), device {process.device}, {process.threads} CPU thread(s) "
              f"per rank\n--- resolved config\n{to_yaml(cfg)}---")
+    if dropped:
+        log.info(dropped)
     if removed:
         log.info(f"--overwrite: deleted the previous run's {', '.join(p.name for p in removed)} in {cfg.run_dir}")
     log.info(data_line)

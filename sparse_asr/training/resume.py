@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from pathlib import Path
 
 from sparse_asr.fileio import atomic_write
@@ -118,12 +119,28 @@ def intact_index(directory: Path) -> bool:
         return False
 
 
-def drop_metrics_after(run_dir: Path, rows: int) -> int:
+def drop_metrics_after(run_dir: Path, rows: int) -> str | None:
     """Keep the first `rows` lines of run_dir/metrics.jsonl (the ones written before the checkpoint; a
-    crashed run may have written more), rewritten atomically. Returns how many lines were dropped."""
+    crashed run may have written more), rewritten atomically, and of those only the complete ones: a
+    line cut by a crash (no newline, not JSON) and everything after it goes, so the resumed run never
+    appends to half a row. Returns what was dropped, for the log, or None."""
     path = Path(run_dir) / "metrics.jsonl"
     lines = path.read_bytes().splitlines(keepends=True) if path.exists() else []
-    if len(lines) <= rows:
-        return 0
-    atomic_write(path, lambda f: f.writelines(lines[:rows]))
-    return len(lines) - rows
+    keep = min(rows, len(lines))
+    for number, line in enumerate(lines[:keep]):
+        if not line.endswith(b"\n") or not complete_row(line):
+            keep = number
+            break
+    if keep == len(lines):
+        return None
+    atomic_write(path, lambda f: f.writelines(lines[:keep]))
+    damaged = f"; line {keep + 1} was cut or damaged" if keep < min(rows, len(lines)) else ""
+    return (f"metrics.jsonl: kept the {keep} complete rows the checkpoint covers, dropped {len(lines) - keep} "
+            f"line(s) after them{damaged}")
+
+
+def complete_row(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False

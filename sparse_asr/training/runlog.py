@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -56,6 +57,15 @@ class RunLogger:
             self.jsonl.write(json.dumps(line, allow_nan=False) + "\n")
             self.jsonl.flush()
         self.rows += 1
+
+    def sync(self) -> None:
+        """Everything logged so far on disk (fsync), before a checkpoint says how many rows it covers: a node
+        that crashes after the checkpoint cannot leave those rows cut."""
+        if self.enabled:
+            with self.naming_the_run_dir():
+                self.writer.flush()
+                self.jsonl.flush()
+                os.fsync(self.jsonl.fileno())
 
     @contextmanager
     def naming_the_run_dir(self):

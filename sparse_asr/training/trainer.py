@@ -195,7 +195,7 @@ class Trainer:
         self.progress = Progress(**vars(state.progress))
 
     def save(self, best: bool = False) -> None:
-        """Collective: checkpoints/step-N/ with everything needed to continue exactly (training/checkpoint.py);
-        `best` also points checkpoints/best at it."""
+        """Collective: checkpoints/step-N/ (training/checkpoint.py; best: checkpoints/best too), rows synced first."""
+        self.log.sync()  # the metrics rows the checkpoint counts are on disk before it is
         save_training_state(self.comm, self.cfg.run_dir / "checkpoints", self.training_state(),
                             keep=self.cfg.train.keep_checkpoints, best=best)
