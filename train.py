@@ -18,9 +18,10 @@ signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from sparse_asr.comm import Communicator  # noqa: E402
-from sparse_asr.training.runtime import run_or_abort  # noqa: E402
+from sparse_asr.training.runtime import StartupGuard, run_or_abort  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -37,9 +38,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)  # overrides may come before and after the flags
 
 
+def startup_timeout(args) -> float:
+    """distributed.timeout_s of the run about to start, read before MPI is up (0 if it cannot be read: then
+    run_job names the problem once MPI is up)."""
+    from sparse_asr.training.config import load_config
+
+    config = args.config
+    if not config and args.resume not in ("", "auto") and (Path(args.resume) / "config.yaml").is_file():
+        config = Path(args.resume) / "config.yaml"  # a run directory: its resolved config
+    try:
+        return load_config(config, args.overrides).distributed.timeout_s
+    except Exception:  # noqa: BLE001 -- reported by run_job
+        return 0.0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    guard = StartupGuard(startup_timeout(args))  # a rank stalled before MPI is up must not hang the others
     comm = Communicator()
+    guard.disarm()
     from sparse_asr.training.launch import run_job  # heavy imports after the argument check: errors are instant
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt: run_or_abort ends the job

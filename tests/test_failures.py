@@ -387,3 +387,23 @@ def test_a_row_cut_by_a_crash_never_corrupts_the_metrics_on_resume(an4_manifests
     rows = [json.loads(line) for line in path.read_text().splitlines()]  # every line parses
     assert path.read_bytes().splitlines(keepends=True)[:5] == lines[:5]
     assert [m["epoch"] for m in rows if m["kind"] == "epoch"] == [1, 2]  # epoch 1's row is among the first 5
+
+
+@pytest.mark.mpi
+def test_a_rank_stopped_before_mpi_is_up_ends_the_job(tmp_path):
+    """Rank 1 stops itself (SIGSTOP) before MPI_Init, so rank 0 waits inside MPI_Init, where no Python thread
+    runs (issue 29, item 5): the job ends within distributed.timeout_s plus start-up, naming the wait."""
+    import time
+
+    from tests.mpi_helpers import MPIEXEC
+
+    stop_self = "import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"
+    t0 = time.monotonic()
+    proc = subprocess.run([MPIEXEC, "-n", "1", sys.executable, "train.py", "--config", str(SMOKE_CONFIG),
+                           "distributed.timeout_s=6", f"out_dir={tmp_path}", "name=stall", ":",
+                           "-n", "1", sys.executable, "-c", stop_self], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    took = time.monotonic() - t0
+    assert proc.returncode != 0 and took < 6 + 40, (proc.returncode, took)
+    assert "MPI start-up (MPI_Init: every rank joining the job) has not finished after 6 s" in proc.stderr + proc.stdout
+    assert not (tmp_path / "stall").exists()

@@ -7,6 +7,7 @@ import errno
 import os
 import random
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -110,6 +111,35 @@ def check_manifest_audio(comm, manifests, sample_rate: int = 16000) -> int:
         raise AudioError(f"{len(problems)} of {len(rows)} manifest rows have audio that cannot be used: rank 0 "
                          f"lists them")
     return len(rows)
+
+
+class StartupGuard:
+    """Ends this process when MPI's start-up (MPI_Init, inside Communicator()) has not finished within
+    timeout_s: a rank stopped or hung before MPI is up holds every other rank there, before the Watchdog
+    exists. MPI_Init holds the GIL, so no Python thread of this process could act: a small watcher process
+    does, killing this one (the launcher, hydra's mpiexec or srun, then ends the whole job). disarm() once
+    MPI is up; from the first collective on, the Watchdog watches."""
+
+    WATCHER = ("import os, select, signal, sys\n"
+               "parent, timeout, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]\n"
+               "if not select.select([sys.stdin], [], [], timeout)[0]:  # neither 'up' nor the parent's end\n"
+               "    print(message, file=sys.stderr, flush=True)\n"
+               "    os.kill(parent, signal.SIGKILL)\n")
+
+    def __init__(self, timeout_s: float):
+        self.watcher = None
+        if timeout_s > 0:
+            message = (f"PID {os.getpid()} on {socket.gethostname()}: MPI start-up (MPI_Init: every rank joining "
+                       f"the job) has not finished after {timeout_s:g} s (distributed.timeout_s): a rank is "
+                       f"stopped, hung or dead; ending the job")
+            self.watcher = subprocess.Popen([sys.executable, "-c", self.WATCHER, str(os.getpid()), str(timeout_s),
+                                             message], stdin=subprocess.PIPE, close_fds=True)
+
+    def disarm(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stdin.close()  # EOF: the watcher exits
+            self.watcher.wait()
+            self.watcher = None
 
 
 class Watchdog:
