@@ -407,3 +407,29 @@ def test_a_rank_stopped_before_mpi_is_up_ends_the_job(tmp_path):
     assert proc.returncode != 0 and took < 6 + 40, (proc.returncode, took)
     assert "MPI start-up (MPI_Init: every rank joining the job) has not finished after 6 s" in proc.stderr + proc.stdout
     assert not (tmp_path / "stall").exists()
+
+
+def test_every_start_records_its_code_and_machine(an4_manifests, tmp_path):
+    """provenance.jsonl: one line per start or resume with the commit, CPU, dispatch, libraries, host and
+    ranks (issue 29, item 9); the log header says the same."""
+    import json
+    import socket
+
+    import torch
+
+    from sparse_asr.training.runtime import cpu_model
+
+    overrides = tiny_overrides(an4_manifests, tmp_path, "prov", train__epochs=1)
+    proc = train_cli(["--config", str(SMOKE_CONFIG), *overrides])
+    assert proc.returncode == 0, proc.stderr
+    proc = train_cli(["--resume", str(tmp_path / "prov"), "train.epochs=2"])
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in (tmp_path / "prov" / "provenance.jsonl").read_text().splitlines()]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert len(records) == 2
+    for record in records:
+        assert record["code"]["commit"] == head and isinstance(record["code"]["modified"], bool)
+        assert (record["host"], record["ranks"], record["cpu"]) == (socket.gethostname(), 1, cpu_model())
+        assert record["torch"] == torch.__version__ and record["cpu_dispatch"] == torch.backends.cpu.get_cpu_capability()
+        assert record["mpi4py"] and record["python"]
+    assert f"provenance: code {head[:12]}" in proc.stdout

@@ -26,6 +26,7 @@ from sparse_asr.training.checkpoint import (CheckpointError, TrainingState, chec
                                             on_every_rank)
 from sparse_asr.training.config import (Config, ConfigError, config_digest, default_run_name, flatten,
                                         resolve_world_size, to_dict, to_yaml)
+from sparse_asr.training.provenance import append_provenance, provenance, summary
 from sparse_asr.training.resume import config_for_run, drop_metrics_after
 from sparse_asr.training.rundir import RunDirLock, clear_previous_run, previous_run_message
 from sparse_asr.training.runlog import RunLogger
@@ -204,10 +205,14 @@ def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False) -> T
         dropped = drop_metrics_after(cfg.run_dir, state.extra["metrics_rows"])
     # TensorBoard readers drop the crashed run's events from step + 1 on; the checkpoint step's own points stay.
     log = RunLogger(cfg.run_dir, enabled=comm.rank == 0, purge_step=state.progress.step + 1 if state else None)
+    record = provenance(comm.size, process.device) if comm.rank == 0 else None
     if comm.rank == 0:
         atomic_write_text(cfg.run_dir / "config.yaml", to_yaml(cfg))
+        append_provenance(cfg.run_dir, record)  # which code, machine and libraries (one line per start)
     log.info(f"run {cfg.run_dir} on {comm.size} rank(s), device {process.device}, {process.threads} CPU thread(s) "
              f"per rank\n--- resolved config\n{to_yaml(cfg)}---")
+    if record is not None:
+        log.info(f"provenance: {summary(record)}")
     if dropped:
         log.info(dropped)
     if removed:

@@ -11,7 +11,7 @@ import socket
 import time
 from pathlib import Path
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints")  # what train.py writes, besides the event files
+RUN_FILES = ("config.yaml", "metrics.jsonl", "provenance.jsonl", "checkpoints")  # what train.py writes, besides the event files
 EVENT_FILES = "events.out.tfevents.*"
 
 
