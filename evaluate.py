@@ -21,10 +21,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--manifest", help="score every utterance of this manifest")
     what.add_argument("--audio", nargs="+", help="transcribe these audio files (16 kHz mono WAV or SPHERE)")
-    parser.add_argument("--worst", type=int, default=10, help="how many worst utterances to print (default 10)")
-    parser.add_argument("--batch-size", type=int, default=32, help="global evaluation batch size")
+    parser.add_argument("--worst", type=at_least(0), default=10, help="how many worst utterances to print (default 10)")
+    parser.add_argument("--batch-size", type=at_least(1), default=32, help="global evaluation batch size")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     return parser.parse_args(argv)
+
+
+def at_least(low: int):
+    """argparse type: an integer >= low (argparse names the option and the value when it raises)."""
+    def check(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise ValueError(text)
+        return value
+
+    check.__name__ = f"integer >= {low}"
+    return check
 
 
 def load_model(path, device):

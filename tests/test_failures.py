@@ -433,3 +433,37 @@ def test_every_start_records_its_code_and_machine(an4_manifests, tmp_path):
         assert record["torch"] == torch.__version__ and record["cpu_dispatch"] == torch.backends.cpu.get_cpu_capability()
         assert record["mpi4py"] and record["python"]
     assert f"provenance: code {head[:12]}" in proc.stdout
+
+
+def test_inputs_named_up_front(tmp_path):
+    """Issue 29, item 7: each refused with one line naming the value, file or option, before anything runs."""
+    import json
+
+    import numpy as np
+    import soundfile
+
+    from sparse_asr.comm import Communicator
+    from sparse_asr.data.audio import AudioError, audio_frames
+    from sparse_asr.training.checkpoint import MANIFEST, CheckpointError, read_index
+    from sparse_asr.training.config import ConfigError, load_config
+    from tests.test_checkpoint import make_state
+    from sparse_asr.training.checkpoint import save_training_state
+
+    short = tmp_path / "short.wav"  # 0.01 s: passed the header check, then died at the first batch
+    soundfile.write(short, np.zeros(160, dtype=np.int16), 16000)
+    with pytest.raises(AudioError, match=rf"{short}: 160 samples \(0.010 s\), shorter than one 20 ms analysis window"):
+        audio_frames(short)
+    for seed in (-1, 2**32):
+        with pytest.raises(ConfigError, match=r"seed.*must be in \[0, 4294967295\]"):
+            load_config(SMOKE_CONFIG, [f"seed={seed}"])
+    assert load_config(SMOKE_CONFIG, [f"seed={2**32 - 1}"]).seed == 2**32 - 1
+    proc = subprocess.run([sys.executable, "evaluate.py", str(tmp_path), "--manifest", "x.csv", "--batch-size", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "argument --batch-size: invalid integer >= 1 value: '0'" in proc.stderr, proc.stderr
+    directory = save_training_state(Communicator(), tmp_path / "checkpoints", make_state(3))
+    manifest = json.loads((directory / MANIFEST).read_text())
+    manifest["step"] = 1000  # edited, and its own digest deleted to pass
+    del manifest["index_sha256"]
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="lacks its own SHA-256"):
+        read_index(directory)

@@ -35,6 +35,9 @@ def _declared_frames(head: bytes, info) -> int | None:
     return None
 
 
+WINDOW_MS = 20  # the features' analysis window; a file shorter than one is refused by audio_frames
+
+
 def audio_frames(path, sample_rate: int = 16000) -> int:
     """Frames of a mono file at `sample_rate`, from its header alone (nothing is decoded, so a whole corpus
     is checked quickly). Raises AudioError naming the file if it does not exist or cannot be
@@ -61,6 +64,10 @@ def audio_frames(path, sample_rate: int = 16000) -> int:
         raise AudioError(f"{path}: truncated: header declares {declared} samples, file holds {info.frames}")
     if info.frames == 0:
         raise AudioError(f"{path}: no samples")
+    shortest = int(round(sample_rate * WINDOW_MS / 1000))
+    if info.frames < shortest:  # the features need one analysis window at least
+        raise AudioError(f"{path}: {info.frames} samples ({info.frames / sample_rate:.3f} s), shorter than one "
+                         f"{WINDOW_MS:g} ms analysis window: too short to compute features")
     return info.frames
 
 
@@ -85,7 +92,7 @@ class FeatureExtractor:
     (10 ms = 160), centred frames so T = 1 + samples // hop; magnitude (power 1), log1p, then
     mean 0 / std 1 over the whole utterance (as deepspeech.pytorch does)."""
 
-    def __init__(self, sample_rate: int = 16000, window_ms: float = 20, hop_ms: float = 10):
+    def __init__(self, sample_rate: int = 16000, window_ms: float = WINDOW_MS, hop_ms: float = 10):
         self.sample_rate = sample_rate
         self.n_fft = int(round(sample_rate * window_ms / 1000))
         self.hop_length = int(round(sample_rate * hop_ms / 1000))

@@ -272,8 +272,9 @@ def read_index(directory: str | Path) -> dict:
     missing = {"world_size", "step", "config", "files"} - set(manifest)
     if missing:
         raise CheckpointError(f"{path} lacks {', '.join(sorted(missing))}")
-    # (indexes written before the field existed carry no digest of their own: their files' are still checked)
-    if "index_sha256" in manifest and manifest["index_sha256"] != index_digest(manifest):
+    if "index_sha256" not in manifest:  # every format-4 index carries one: a missing one was deleted
+        raise CheckpointError(f"{path} lacks its own SHA-256 (index_sha256): edited or damaged")
+    if manifest["index_sha256"] != index_digest(manifest):
         raise CheckpointError(f"{path} was edited or damaged: its content no longer matches its own SHA-256")
     return manifest
 

@@ -159,7 +159,7 @@ class DistributedConfig:
 @dataclass
 class Config:
     name: str = ""  # run name; "" = <model>-<algorithm>-d<density>-p<P>-<YYYYmmdd-HHMMSS>
-    seed: int = 1
+    seed: int = setting(1, lambda v: 0 <= v < 2**32, "must be in [0, 4294967295] (the range numpy and torch seed from)")
     out_dir: str = "runs"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -184,7 +184,7 @@ class Watchdog:
 USER_ERRORS = (ConfigError, ManifestError, AudioError, CheckpointError, FileNotFoundError, FileExistsError,
                KeyboardInterrupt)
 # A disk or file system that refuses a write: the message names the file and the cause, no bug behind it.
-STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG)
 
 
 def is_user_error(e: BaseException) -> bool:
