@@ -134,7 +134,7 @@ def test_every_bad_manifest_row_is_named_at_once(an4_manifests, tmp_path):
     with pytest.raises(ManifestError) as error:
         SpeechDataset(tmp_path / "bad.csv")
     message = str(error.value)
-    assert message.startswith("3 of 6 rows have transcripts that cannot be trained on"), message
+    assert message.startswith(f"3 of 6 rows of {tmp_path / 'bad.csv'} cannot be used:"), message  # read_manifest's
     assert all(f"bad.csv:{line} " in message for line in (3, 5, 6)), message  # header + 1-based rows
 
     legacy = tmp_path / "legacy.csv"
@@ -467,3 +467,41 @@ def test_inputs_named_up_front(tmp_path):
     (directory / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="lacks its own SHA-256"):
         read_index(directory)
+
+
+def test_six_faults_of_six_kinds_in_one_error(an4_manifests, tmp_path):
+    """Issue 29, item 7: a manifest with a wrong field count, a bad duration, a bad transcript, a repeated
+    utterance, a missing file and a too-short file took four runs to surface; now one error names all six, and
+    the run directory is not created. A header-only dev manifest is refused; a long utterance is named."""
+    import numpy as np
+    import soundfile
+
+    from sparse_asr.data.manifest import read_manifest, write_manifest
+
+    df = read_manifest(an4_manifests / "an4_train.csv").head(12).copy()
+    short = tmp_path / "short.wav"
+    soundfile.write(short, np.zeros(100, dtype=np.int16), 16000)
+    df.loc[2, "transcript"] = "NO 7"
+    df.loc[3, "utt_id"] = df.loc[1, "utt_id"]
+    df.loc[4, "audio"] = str(tmp_path / "gone.wav")
+    df.loc[5, "audio"], df.loc[5, "duration"] = str(short), 100 / 16000
+    write_manifest(df, tmp_path / "train.csv")
+    lines = (tmp_path / "train.csv").read_text().splitlines()
+    lines[7] = lines[7].replace(",", ",,", 1)  # line 8: one field too many
+    lines[8] = lines[8].split(",")[0] + ",abc," + ",".join(lines[8].split(",")[2:])  # line 9: duration 'abc'
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
+    overrides = tiny_overrides(an4_manifests, tmp_path, "six", data__train_manifest=tmp_path / "train.csv",
+                               data__max_train_utterances=0)
+    proc = train_cli(["--config", str(SMOKE_CONFIG), *overrides])
+    assert proc.returncode != 0 and "6 manifest rows cannot be used (4 as written, 2 by their audio)" in proc.stderr, \
+        proc.stderr
+    for line, what in ((4, "character '7'"), (5, "is also on line 3"), (6, "gone.wav: file does not exist"),
+                       (7, "shorter than one 20 ms analysis window"), (8, "expected 5 fields"),
+                       (9, "duration 'abc' is not a number")):
+        assert f"train.csv:{line}" in proc.stderr and what in proc.stderr, (line, what, proc.stderr)
+    assert not (tmp_path / "six").exists()
+
+    (tmp_path / "dev.csv").write_text((an4_manifests / "an4_dev.csv").read_text().splitlines()[0] + "\n")
+    proc = train_cli(["--config", str(SMOKE_CONFIG), *tiny_overrides(an4_manifests, tmp_path, "nodev",
+                                                                     data__dev_manifest=tmp_path / "dev.csv")])
+    assert proc.returncode != 0 and "dev.csv holds no utterances" in proc.stderr, proc.stderr

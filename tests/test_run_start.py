@@ -40,13 +40,14 @@ def test_a_previous_run_is_refused_untouched_then_replaced_with_overwrite(tiny_m
     with pytest.raises(FileExistsError) as error:
         run_training(overrides)
     assert str(error.value).startswith(f"run directory {run_dir} holds a previous run (config.yaml, metrics.jsonl, "
-                                       f"checkpoints, events.out.tfevents.")
+                                       f"checkpoints, provenance.jsonl, events.out.tfevents.")
     assert "--resume" in str(error.value) and "--overwrite" in str(error.value)
     assert snapshot(run_dir) == before  # byte-identical: the refused run wrote nothing
 
     capsys.readouterr()
     run_training(overrides + ["train.epochs=2"], overwrite=True)
-    assert "--overwrite: deleted the previous run's config.yaml, metrics.jsonl, checkpoints, events.out.tfevents." \
+    assert "--overwrite: deleted the previous run's config.yaml, metrics.jsonl, checkpoints, provenance.jsonl, " \
+           "events.out.tfevents." \
            in capsys.readouterr().out
     assert sorted(step_losses(run_dir)) == [1, 2, 3, 4]  # only the new run's curve: 2 epochs x 2 steps
     assert [m["epoch"] for m in read_metrics(run_dir) if m["kind"] == "epoch"] == [1, 2]

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from sparse_asr.data.audio import AudioError, FeatureExtractor, SpecAugment, load_audio
 from sparse_asr.data.manifest import ManifestError, read_manifest
-from sparse_asr.data.text import text_to_ids
+from sparse_asr.data.text import text_to_ids, transcript_problem
 
 
 # Last word of the augmentation generators' seed: numpy pads short seed lists with zeros, so without
@@ -47,13 +47,11 @@ class SpeechDataset(torch.utils.data.Dataset):
         lines = self.lines = df["line"].tolist() if "line" in df.columns else [f"row {i}" for i in range(len(df))]
         self.targets, problems = [], []
         for line, utt_id, transcript in zip(lines, self.utt_ids, self.transcripts):
-            try:
-                self.targets.append(torch.tensor(text_to_ids(transcript), dtype=torch.long))
-            except ValueError as e:
-                problems.append(f"{self.source}:{line} ({utt_id}): {e}")
+            problem = transcript_problem(transcript)
+            if problem is not None:
+                problems.append(f"{self.source}:{line} ({utt_id}): {problem}")
                 continue
-            if len(self.targets[-1]) == 0:
-                problems.append(f"{self.source}:{line} ({utt_id}): empty transcript")
+            self.targets.append(torch.tensor(text_to_ids(transcript), dtype=torch.long))
         if problems:  # every bad row at once: a user fixes them in one pass
             raise ManifestError(f"{len(problems)} of {len(lines)} rows have transcripts that cannot be trained on:\n"
                                 + "\n".join(f"  {p}" for p in problems))

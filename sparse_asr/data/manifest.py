@@ -44,8 +44,9 @@ class RawManifest:
 
 # ---------------------------------------------------------------- reading
 
-def read_raw(path) -> RawManifest:
-    """Split a manifest into rows and tell its format, without touching the files it lists."""
+def read_raw(path, problems: list[str] | None = None) -> RawManifest:
+    """Split a manifest into rows and tell its format, without touching the files it lists. Bad rows raise
+    one ManifestError naming them all, or with `problems` given are added to it (and left out)."""
     path = Path(path)
     if not path.is_file():
         raise ManifestError(f"manifest {path} does not exist")
@@ -71,17 +72,20 @@ def read_raw(path) -> RawManifest:
         raise ManifestError(
             f"{path}:1: neither our header {','.join(COLUMNS)!r} nor a legacy two-column row "
             f"(audio,transcript.txt): got {len(first)} fields {lines[0][1]!r}")
-    rows, problems = [], []
+    rows, found = [], []
     for line, fields in body:
         if not fields or (len(fields) == 1 and not fields[0].strip()):
             continue  # blank line
         if len(fields) != width:
-            problems.append(f"{path}:{line}: expected {width} fields for a {fmt} manifest, got {len(fields)}: {fields!r}")
+            found.append(f"{path}:{line}: expected {width} fields for a {fmt} manifest, got {len(fields)}: {fields!r}")
         elif any(not fields[i].strip() for i in PATH_FIELDS[fmt]):
-            problems.append(f"{path}:{line}: empty path in {fields!r}")
+            found.append(f"{path}:{line}: empty path in {fields!r}")
         else:
             rows.append((line, fields))
-    raise_all(problems, len(body), path)
+    if problems is None:
+        raise_all(found, len(body), path)
+    else:
+        problems.extend(found)
     return RawManifest(path, fmt, rows)
 
 
@@ -99,12 +103,19 @@ def resolve(path_field: str, manifest_dir) -> str:
     return os.path.abspath(os.path.join(manifest_dir, path_field.strip()))
 
 
-def read_manifest(path) -> pd.DataFrame:
+def read_manifest(path, problems: list[str] | None = None) -> pd.DataFrame:
     """Read a manifest of either format into columns audio (absolute), duration, transcript, utt_id,
-    speaker, plus `line` (its line in the file). `df.attrs["manifest"]` names the file."""
-    raw = read_raw(path)
+    speaker, plus `line` (its line in the file). `df.attrs["manifest"]` names the file. Every bad row of
+    every kind (fields, duration, transcript, an utterance id seen before) is named in one ManifestError,
+    or with `problems` given added to it and left out, so a caller can add its own checks (the audio)
+    and raise once."""
+    from sparse_asr.data.text import transcript_problem
+
+    found = []
+    raw = read_raw(path, found)
+    rows = len(raw.rows) + len(found)
     base = raw.path.parent
-    records, problems = [], []
+    records, seen = [], {}
     for line, fields in raw.rows:
         where = f"{raw.path}:{line}"
         if raw.format == OURS:
@@ -112,7 +123,7 @@ def read_manifest(path) -> pd.DataFrame:
             try:
                 duration = float(duration)
             except ValueError:
-                problems.append(f"{where}: duration {duration!r} is not a number")
+                found.append(f"{where}: duration {duration!r} is not a number")
                 continue
             audio = resolve(audio, base)
         else:
@@ -124,16 +135,28 @@ def read_manifest(path) -> pd.DataFrame:
                     raise FileNotFoundError(f"audio file {audio} does not exist")
                 info = soundfile.info(audio)
             except (OSError, RuntimeError) as e:
-                problems.append(f"{where}: {e} (repair paths with scripts/fix_manifest.py)")
+                found.append(f"{where}: {e} (repair paths with scripts/fix_manifest.py)")
                 continue
             duration = info.frames / info.samplerate
             utt_id, speaker = Path(audio).stem, Path(audio).parent.name
         if not (math.isfinite(duration) and duration > 0):
-            problems.append(f"{where}: duration must be a positive number, got {duration}")
+            found.append(f"{where}: duration must be a positive number, got {duration}")
             continue
         transcript = " ".join(transcript.split())
-        records.append((audio, duration, transcript, utt_id.strip(), speaker.strip(), line))
-    raise_all(problems, len(raw.rows), raw.path)
+        utt_id = utt_id.strip()
+        bad = transcript_problem(transcript)
+        if bad is not None:
+            found.append(f"{where} ({utt_id}): {bad}")
+            continue
+        if utt_id in seen:  # the same utterance twice would be trained on twice, silently
+            found.append(f"{where}: utterance {utt_id!r} is also on line {seen[utt_id]}")
+            continue
+        seen[utt_id] = line
+        records.append((audio, duration, transcript, utt_id, speaker.strip(), line))
+    if problems is None:
+        raise_all(found, rows, raw.path)
+    else:
+        problems.extend(found)
     df = pd.DataFrame.from_records(records, columns=COLUMNS + ["line"])
     df["duration"] = df["duration"].astype(float)
     df.attrs["manifest"] = str(raw.path)

@@ -21,6 +21,14 @@ def text_to_ids(text: str) -> list[int]:
     return ids
 
 
+def transcript_problem(text: str) -> str | None:
+    """Why a transcript cannot be trained on (a character outside the labels, or nothing), or None."""
+    try:
+        return None if text_to_ids(text) else "empty transcript"
+    except ValueError as e:
+        return str(e)
+
+
 def ids_to_text(ids) -> str:
     """Label indices (list or 1-D tensor) -> string. Blanks are kept as '_' (no CTC collapsing here)."""
     out = []

@@ -83,9 +83,12 @@ def check_same_on_all_ranks(cfg: Config, comm) -> None:
                       + "\n".join(lines))
 
 
-def read_split(manifest: str, limit: int):
-    """A manifest's utterances, or only its `limit` shortest (quick runs; 0 = all)."""
-    df = read_manifest(manifest)
+LONG_UTTERANCE_S = 30  # a training utterance longer than this is named in a warning
+
+
+def read_split(manifest: str, limit: int, problems: list[str]):
+    """A manifest's utterances, or only its `limit` shortest (quick runs; 0 = all); bad rows go to `problems`."""
+    df = read_manifest(manifest, problems)
     if limit:
         df = df.sort_values(["duration", "utt_id"], kind="stable").head(limit)
     return df
@@ -95,10 +98,17 @@ def load_data(cfg: Config, comm, device: torch.device = torch.device("cpu")) -> 
     """The run's datasets and its sampler, every audio header checked on the ranks together; and a line
     saying what was loaded. With data.cache_features the features are kept on `device` when they fit."""
     d = cfg.data
-    frames = {"train": read_split(d.train_manifest, d.max_train_utterances),
-              "dev": read_split(d.dev_manifest, d.max_eval_utterances)}
+    problems = []  # every bad row of every manifest, named in one error with the audio's below
+    frames = {"train": read_split(d.train_manifest, d.max_train_utterances, problems),
+              "dev": read_split(d.dev_manifest, d.max_eval_utterances, problems)}
     if d.test_manifest:
-        frames["test"] = read_split(d.test_manifest, d.max_eval_utterances)
+        frames["test"] = read_split(d.test_manifest, d.max_eval_utterances, problems)
+    if len(frames["dev"]) == 0 and not problems:
+        raise ConfigError(f"data.dev_manifest {d.dev_manifest} holds no utterances: the dev set picks the best "
+                          f"checkpoint and says when the run is done learning")
+    t0 = time.perf_counter()
+    checked = check_manifest_audio(comm, list(frames.values()), problems=problems)  # raises, listing all
+    seconds = time.perf_counter() - t0
     if len(frames["train"]) < cfg.train.global_batch_size:
         raise ConfigError(f"data.train_manifest {d.train_manifest} gives {len(frames['train'])} utterances"
                           + (f" (data.max_train_utterances={d.max_train_utterances})" if d.max_train_utterances else "")
@@ -115,11 +125,14 @@ def load_data(cfg: Config, comm, device: torch.device = torch.device("cpu")) -> 
         where, cached = cache_placement(sum(feature_bytes(s) for s in sets), device)
         for s in sets:
             s.cache_device = where
-    t0 = time.perf_counter()
-    checked = check_manifest_audio(comm, list(frames.values()))
-    seconds = time.perf_counter() - t0
     said = (f"data: {len(data.train)} train, {len(data.dev)} dev, {len(data.test) if data.test else 0} test "
             f"utterances; audio of {checked} manifest rows checked in {seconds:.2f} s on {comm.size} rank(s){cached}")
+    long = frames["train"][frames["train"]["duration"] > LONG_UTTERANCE_S]
+    if len(long):  # memory and step time grow with the longest utterance of a batch
+        said += (f"\nWARNING: {len(long)} training utterance(s) longer than {LONG_UTTERANCE_S:g} s (AN4's longest is "
+                 f"about 10 s; memory and step time grow with length): " + ", ".join(
+                     f"{frames['train'].attrs['manifest']}:{line} ({length:.0f} s)"
+                     for line, length in zip(long["line"][:5], long["duration"][:5])))
     return data, said
 
 

@@ -11,7 +11,7 @@ import socket
 import time
 from pathlib import Path
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "provenance.jsonl", "checkpoints")  # what train.py writes, besides the event files
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "provenance.jsonl")  # what train.py writes, besides the event files
 EVENT_FILES = "events.out.tfevents.*"
 
 
@@ -31,7 +31,7 @@ def previous_run_message(run_dir: str | Path) -> str | None:
     found = previous_run(run_dir)
     if not found:
         return None
-    names = ", ".join(p.name for p in found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    names = ", ".join(p.name for p in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
     return (f"run directory {run_dir} holds a previous run ({names}): choose another name=, continue that run "
             f"with --resume, or replace it with --overwrite")
 
@@ -61,7 +61,7 @@ class RunDirLock:
 
     def __init__(self, run_dir: str | Path, comm):
         self.path, self.comm, self.fd = Path(run_dir) / self.NAME, comm, None
-        self.created_dir = False  # a refused start leaves no empty run directory behind
+        self.created_dirs: list[Path] = []  # deepest first: a refused start leaves no empty directories behind
 
     def acquire(self) -> None:
         """Take the lock (creating the run directory), or raise FileExistsError naming the holder (OSError
@@ -80,7 +80,13 @@ class RunDirLock:
 
     def _take(self) -> str | None:
         """Rank 0: lock RUN_DIR/.lock and write the holder into it; the refusal message if another job holds it."""
-        self.created_dir = not self.path.parent.exists()
+        run_dir = self.path.parent
+        if run_dir.exists() and not run_dir.is_dir():
+            return f"run directory {run_dir} exists and is not a directory"
+        missing = run_dir
+        while not missing.exists():
+            self.created_dirs.append(missing)
+            missing = missing.parent
         while True:
             self.path.parent.mkdir(parents=True, exist_ok=True)  # again after a job that created it removed it
             try:  # never through a symlink planted in a shared directory, never truncating what is there
@@ -128,8 +134,8 @@ class RunDirLock:
             self.path.unlink(missing_ok=True)  # still holding the lock: a job that opened it now sees it is gone
             os.close(self.fd)  # (closing releases the flock)
             self.fd = None
-            if self.created_dir:
+            for directory in self.created_dirs:  # only where the job wrote nothing
                 try:
-                    self.path.parent.rmdir()  # only if the job wrote nothing there
+                    directory.rmdir()
                 except OSError:
-                    pass
+                    break

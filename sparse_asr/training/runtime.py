@@ -93,24 +93,26 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def check_manifest_audio(comm, manifests, sample_rate: int = 16000) -> int:
+def check_manifest_audio(comm, manifests, sample_rate: int = 16000, problems: list[str] = ()) -> int:
     """Collective, before the first step: the audio of every row of `manifests` (DataFrames from
     read_manifest) checked from its header (manifest.audio_problem), rank r taking every P-th distinct
-    row. Every rank raises AudioError if any row is bad: rank 0's message lists each bad manifest line
-    and why, the others' point to it. Returns the number of rows checked."""
+    row. Every rank raises if any row is bad: rank 0's message lists each bad manifest line and why,
+    with the manifest `problems` found while reading (then a ManifestError, else an AudioError), the
+    others' point to it. Returns the number of rows checked."""
     rows = sorted({(df.attrs["manifest"], int(line), audio, float(duration)) for df in manifests
                    for line, audio, duration in zip(df["line"], df["audio"], df["duration"])})
     mine = [(manifest, line, problem) for manifest, line, audio, duration in rows[comm.rank::comm.size]
             if (problem := audio_problem(audio, duration, sample_rate)) is not None]
-    problems = sorted(p for part in comm.allgather_object(mine) for p in part)
-    if problems and comm.rank == 0:
-        raise AudioError(f"{len(problems)} of {len(rows)} manifest rows have audio that cannot be used (checked "
-                         f"before training):\n" + "\n".join(f"  {manifest}:{line}: {problem}"
-                                                             for manifest, line, problem in problems))
-    if problems:
-        raise AudioError(f"{len(problems)} of {len(rows)} manifest rows have audio that cannot be used: rank 0 "
-                         f"lists them")
-    return len(rows)
+    audio = sorted(p for part in comm.allgather_object(mine) for p in part)
+    listed = [*problems, *(f"{manifest}:{line}: {problem}" for manifest, line, problem in audio)]
+    if not listed:
+        return len(rows)
+    error = ManifestError if problems else AudioError
+    what = (f"{len(listed)} manifest rows cannot be used ({len(problems)} as written, {len(audio)} by their "
+            f"audio)" if problems else f"{len(audio)} of {len(rows)} manifest rows have audio that cannot be used")
+    if comm.rank == 0:
+        raise error(f"{what} (checked before training):\n" + "\n".join(f"  {p}" for p in listed))
+    raise error(f"{what}: rank 0 lists them")
 
 
 class StartupGuard:
