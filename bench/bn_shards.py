@@ -24,6 +24,7 @@ from sparse_asr.comm import Communicator
 from sparse_asr.compression.dense import DenseAllreduce
 from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
 from sparse_asr.models import build_model
+from sparse_asr.training.loss import batch_loss
 
 
 def gradient(model, dataset, ids: list[int]) -> torch.Tensor:
@@ -31,8 +32,7 @@ def gradient(model, dataset, ids: list[int]) -> torch.Tensor:
     model.zero_grad()
     b = collate([dataset[i] for i in ids])
     log_probs, out_lengths = model(b.features, b.feature_lengths)
-    loss_fn = torch.nn.CTCLoss(blank=0, reduction="sum", zero_infinity=True)
-    (loss_fn(log_probs, b.targets, out_lengths, b.target_lengths) / len(b)).backward()
+    batch_loss(log_probs, out_lengths, b).backward()
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 
 

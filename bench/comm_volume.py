@@ -39,7 +39,6 @@ counts the root's receives and sends together.
 """
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path

@@ -22,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from comm_volume import GradientSource

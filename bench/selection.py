@@ -24,9 +24,7 @@ decades, times Student-t (3 degrees of freedom) entries.
 """
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 

@@ -75,12 +75,13 @@ import yaml
 
 from sparse_asr.comm import ThreadGroup
 from sparse_asr.compression import COMPRESSORS, Compressor, SparseCompressor, StepStats, build_compressor
+from sparse_asr.compression.base import all_finite
 from sparse_asr.compression.selection import topk_indices
 from sparse_asr.data.audio import SpecAugment
 from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
 from sparse_asr.data.manifest import read_manifest
-from sparse_asr.data.text import BLANK
 from sparse_asr.models import build_model
+from sparse_asr.training.loss import batch_loss
 from sparse_asr.training.checkpoint import load_shared
 from sparse_asr.training.config import load_config
 from sparse_asr.training.optim import (attach_flat_grad, build_optimizer, clip_grad_norm_, learning_rate,
@@ -341,7 +342,6 @@ class ShardGradients:
         comms = self.group.comms if sync_bn else [None]
         self.replicas = [build_model(model_name, sync_bn=comm) for comm in comms]
         self.flats = [attach_flat_grad(list(m.parameters())) for m in self.replicas]
-        self.loss_fn = torch.nn.CTCLoss(blank=BLANK, reduction="sum", zero_infinity=True)
 
     @torch.no_grad()
     def load(self, model: torch.nn.Module) -> None:
@@ -355,7 +355,7 @@ class ShardGradients:
         flat.zero_()
         batch = collate(items)
         log_probs, lengths = model(batch.features, batch.feature_lengths)
-        loss = self.loss_fn(log_probs.float(), batch.targets, lengths, batch.target_lengths) / len(batch)
+        loss = batch_loss(log_probs, lengths, batch)
         loss.backward()
         return flat.clone()
 
@@ -379,11 +379,6 @@ def flat_momentum(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parame
         buffer = optimizer.state.get(p, {}).get("momentum_buffer")
         parts.append((buffer if buffer is not None else torch.zeros_like(p)).flatten())
     return torch.cat(parts)
-
-
-def all_finite(t: torch.Tensor) -> bool:
-    lo, hi = torch.aminmax(t)
-    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
 
 
 # ------------------------------------------------------------------------------------------- the bench

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import torch
 
 from sparse_asr.data.dataset import BucketingSampler, make_loader
-from sparse_asr.data.text import BLANK, greedy_decode
+from sparse_asr.data.text import greedy_decode
+from sparse_asr.training.loss import ctc_loss_sum
 from sparse_asr.training.scoring import ErrorCounts, word_errors
 
 
@@ -30,12 +31,11 @@ def evaluate(model, dataset, comm, device, global_batch_size: int = 32, num_work
     model.eval()
     batch_size = -(-global_batch_size // comm.size) * comm.size  # round up to a multiple of P
     sampler = BucketingSampler(dataset.durations, batch_size, comm.rank, comm.size, shuffle=False, drop_last=False)
-    loss_fn = torch.nn.CTCLoss(blank=BLANK, reduction="sum", zero_infinity=True)
     counts, rows = ErrorCounts(), []
     for batch in make_loader(dataset, sampler, num_workers):
         batch = batch.to(device)
         log_probs, out_lengths = model(batch.features, batch.feature_lengths)
-        loss = loss_fn(log_probs, batch.targets, out_lengths, batch.target_lengths)
+        loss = ctc_loss_sum(log_probs, out_lengths, batch.targets, batch.target_lengths)
         counts.add_loss(float(loss), len(batch))
         for i, hyp in zip(batch.indices, greedy_decode(log_probs, out_lengths)):
             ref = dataset.transcripts[i]

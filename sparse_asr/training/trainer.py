@@ -18,12 +18,12 @@ import torch
 from sparse_asr.compression import Compressor
 from sparse_asr.compression.base import all_finite
 from sparse_asr.data.dataset import TrainingData, make_loader
-from sparse_asr.data.text import BLANK
 from sparse_asr.training import replicas
 from sparse_asr.training.checkpoint import (Progress, RankState, TrainingState, rng_state, save_training_state,
                                             set_rng_state)
 from sparse_asr.training.config import Config, to_dict
 from sparse_asr.training.evaluation import evaluate
+from sparse_asr.training.loss import batch_loss
 from sparse_asr.training.optim import (attach_flat_grad, build_optimizer, clip_grad_norm_, learning_rate,
                                        set_learning_rate)
 from sparse_asr.training.runlog import RunLogger
@@ -41,7 +41,6 @@ class Trainer:
         self.flat_grad = attach_flat_grad(self.params)
         self.grad_pointers = [p.grad.data_ptr() for p in self.params]
         self.optimizer = build_optimizer(self.params, cfg.optim)
-        self.loss_fn = torch.nn.CTCLoss(blank=BLANK, reduction="sum", zero_infinity=True)
         self.steps_per_epoch = self.sampler.batches_per_epoch
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
         self.progress = Progress()
@@ -53,7 +52,7 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.train.precision == "bf16"):
             log_probs, out_lengths = self.model(batch.features, batch.feature_lengths)
         # CTC outside autocast, on float32 log-probabilities: its sums over all alignments need float32.
-        return self.loss_fn(log_probs.float(), batch.targets, out_lengths, batch.target_lengths) / len(batch)
+        return batch_loss(log_probs, out_lengths, batch)
 
     def train_step(self, batch) -> StepRecord | None:
         """One optimizer step on this rank's share of a global batch; this rank's record, or None if the

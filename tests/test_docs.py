@@ -1,0 +1,18 @@
+"""DESIGN.md's layout names every module of the package, and the README stays a page a newcomer reads."""
+import re
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.unit
+
+
+def test_design_map_names_every_module():
+    layout = (REPO / "DESIGN.md").read_text().split("## 1. Layout", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"[A-Za-z0-9_]+\.py", layout))
+    modules = {p.name for p in (REPO / "sparse_asr").rglob("*.py") if p.name != "__init__.py"}
+    assert modules - named == set(), f"DESIGN.md's layout does not name {sorted(modules - named)}"
+    outside = {"__init__.py", "conftest.py", "train.py", "evaluate.py", "fix_manifest.py", "compare_runs.py"}
+    assert named - modules - outside == set(), \
+        f"DESIGN.md's layout names files the package does not have: {sorted(named - modules)}"
