@@ -16,3 +16,13 @@ def test_design_map_names_every_module():
     outside = {"__init__.py", "conftest.py", "train.py", "evaluate.py", "fix_manifest.py", "compare_runs.py"}
     assert named - modules - outside == set(), \
         f"DESIGN.md's layout names files the package does not have: {sorted(named - modules)}"
+
+
+def test_readme_is_a_page_and_copies_no_result_figures():
+    """README <= 200 lines; its Results section points at docs/results.md instead of copying figures (they go
+    stale there): no WER, time or ratio figures in it."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200, len(readme.splitlines())
+    results = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    assert "docs/results.md" in results
+    assert not re.findall(r"\b0\.\d{2,}\b|\d+(\.\d+)? ?(ms|min|s)\b|\d+(\.\d+)?x\b", results), results
