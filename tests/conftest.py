@@ -4,8 +4,8 @@ and the test tiers. Every test is in a tier (pytest -m TIER; an mpiexec test in 
   data     reads the real AN4 corpus (uses one of DATA_FIXTURES), in process
   mpi      launches ranks with mpiexec (marked where the test is written)
   tooling  drives the project's scripts, entry points and bundles in subprocesses, as a user would
-mpi and tooling are marked by hand (and data where a test reads the corpus without a fixture); otherwise data
-and unit follow from the fixtures a test uses, so they cannot drift."""
+unit, mpi and tooling are marked by hand (and data where a test reads the corpus without a fixture); data
+follows from the corpus fixtures a test uses, so it cannot drift. A test with no tier fails collection."""
 from pathlib import Path
 
 import pytest
@@ -25,10 +25,22 @@ TIERS = ("unit", "data", "mpi", "tooling")
 
 
 def pytest_collection_modifyitems(items):
+    """data follows from the corpus fixtures; every other test names its tier. An unmarked test is an error
+    (it would otherwise land in the quick tier whatever it does), and so is a unit test that reads AN4."""
+    unmarked, misplaced = [], []
     for item in items:
-        marked = [tier for tier in ("mpi", "tooling", "data") if item.get_closest_marker(tier)]
-        if not marked:
-            item.add_marker("data" if DATA_FIXTURES & set(item.fixturenames) else "unit")
+        reads_an4 = bool(DATA_FIXTURES & set(item.fixturenames))
+        if reads_an4 and not item.get_closest_marker("data"):
+            item.add_marker("data")
+        if item.get_closest_marker("unit") and (reads_an4 or any(item.get_closest_marker(t) for t in TIERS[1:])):
+            misplaced.append(item.nodeid)
+        elif not any(item.get_closest_marker(tier) for tier in TIERS):
+            unmarked.append(item.nodeid)
+    if unmarked or misplaced:
+        raise pytest.UsageError(
+            "every test names its tier (@pytest.mark.unit / data / mpi / tooling, or a module's pytestmark; "
+            "tests/conftest.py):" + "".join(f"\n  no tier: {n}" for n in unmarked)
+            + "".join(f"\n  unit, but reads AN4 or is also in another tier: {n}" for n in misplaced))
 
 
 @pytest.fixture(scope="session")

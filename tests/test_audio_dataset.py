@@ -121,6 +121,7 @@ def test_features_match_numpy_reference(tiny):
         np.testing.assert_allclose(feats.numpy(), reference_features(wave.numpy()), atol=2e-4)
 
 
+@pytest.mark.unit
 def test_features_of_silence_and_too_short_input():
     assert torch.isfinite(FeatureExtractor()(torch.zeros(16000))).all()
     with pytest.raises(ValueError, match="too short"):
@@ -236,6 +237,7 @@ def test_spec_augment_widths_and_positions_are_uniform_over_their_range(tiny):
     assert {0, bins - 1} <= rows_hit and {0, frames - 1} <= columns_hit
 
 
+@pytest.mark.unit
 def test_spec_augment_rejects_bad_settings():
     for kwargs, message in [({"freq_masks": -1}, "mask counts"), ({"time_mask_width": 0}, "mask widths"),
                             ({"time_mask_max_fraction": 0}, "time_mask_max_fraction"),
@@ -299,6 +301,7 @@ def rank_batches(durations, world_size, epoch=0, **kwargs):
     return per_rank
 
 
+@pytest.mark.unit
 def test_sampler_shares_are_disjoint_equal_and_independent_of_world_size():
     reference = None
     for world_size in (1, 2, 3, 4):
@@ -319,6 +322,7 @@ def test_sampler_shares_are_disjoint_equal_and_independent_of_world_size():
         assert positions[-1] - positions[0] < 12 + 103 % 12
 
 
+@pytest.mark.unit
 def test_sampler_epochs_and_seeds():
     def epoch_order(epoch, seed):
         return rank_batches(DURATIONS, 2, epoch=epoch, global_batch_size=8, seed=seed)
@@ -332,6 +336,7 @@ def test_sampler_epochs_and_seeds():
     assert seen == set(range(103))
 
 
+@pytest.mark.unit
 def test_sampler_resume_matches_tail_of_epoch():
     full = rank_batches(DURATIONS, 3, epoch=4, global_batch_size=9, seed=0)
     for rank in range(3):
@@ -343,6 +348,7 @@ def test_sampler_resume_matches_tail_of_epoch():
         assert len(list(sampler)) == len(full[rank])
 
 
+@pytest.mark.unit
 def test_sampler_eval_covers_everything_once():
     for world_size in (1, 2, 3, 4):
         per_rank = rank_batches(DURATIONS, world_size, global_batch_size=12, shuffle=False, drop_last=False)
@@ -355,6 +361,7 @@ def test_sampler_eval_covers_everything_once():
     assert firsts == sorted(firsts)
 
 
+@pytest.mark.unit
 def test_sampler_rejects_bad_configuration():
     with pytest.raises(ValueError, match="multiple of world_size 3"):
         BucketingSampler(DURATIONS, 8, rank=0, world_size=3)

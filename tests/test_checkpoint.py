@@ -54,6 +54,7 @@ def assert_same(a, b, where="state"):
 
 
 # ------------------------------------------------------------------------------------------- the format
+@pytest.mark.unit
 def test_round_trip_and_manifest(tmp_path):
     comm = Communicator()
     state = make_state(6)
@@ -79,6 +80,7 @@ def test_round_trip_and_manifest(tmp_path):
     assert manifest2 == manifest and torch.equal(shared["model"]["w"], state.model["w"])
 
 
+@pytest.mark.unit
 def test_rng_state_round_trip():
     import random
 
@@ -111,6 +113,7 @@ def rewrite_with_index(directory: Path, name: str, obj) -> None:
 
 
 @pytest.mark.parametrize("name", ["shared.pt", "rank0.pt"])
+@pytest.mark.unit
 def test_a_checkpoint_that_would_run_code_is_refused_unopened(tmp_path, name):
     comm = Communicator()
     directory = save_training_state(comm, tmp_path / "checkpoints", make_state(2))
@@ -129,6 +132,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_unopened(tmp_path, name):
     assert not marker.exists(), "the checkpoint's code ran"
 
 
+@pytest.mark.unit
 def test_an_older_format_is_refused_with_its_version(tmp_path):
     directory = save_training_state(Communicator(), tmp_path / "checkpoints", make_state(1))
     manifest = {**json.loads((directory / MANIFEST).read_text()), "format_version": 3}
@@ -139,6 +143,7 @@ def test_an_older_format_is_refused_with_its_version(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["shared.pt", "rank0.pt"])
+@pytest.mark.unit
 def test_a_damaged_file_is_refused_naming_it(tmp_path, name):
     comm = Communicator()
     directory = save_training_state(comm, tmp_path / "checkpoints", make_state(3))
@@ -158,6 +163,7 @@ def test_a_damaged_file_is_refused_naming_it(tmp_path, name):
             load_shared(directory)
 
 
+@pytest.mark.unit
 def test_load_errors_are_clear(tmp_path):
     comm = Communicator()
     with pytest.raises(FileNotFoundError, match="missing does not exist"):
@@ -185,6 +191,7 @@ def test_load_errors_are_clear(tmp_path):
         load_training_state(comm, directory)
 
 
+@pytest.mark.unit
 def test_a_full_disk_names_the_file_and_leaves_no_temporary_files(tmp_path, monkeypatch):
     comm = Communicator()
     checkpoints = tmp_path / "checkpoints"
@@ -207,6 +214,7 @@ def test_a_full_disk_names_the_file_and_leaves_no_temporary_files(tmp_path, monk
     assert load_training_state(comm, tmp_path).progress.step == 4
 
 
+@pytest.mark.unit
 def test_pruning_keeps_the_newest_and_what_best_points_at(tmp_path):
     comm = Communicator()
     checkpoints = tmp_path / "checkpoints"
@@ -223,6 +231,7 @@ def test_pruning_keeps_the_newest_and_what_best_points_at(tmp_path):
     assert sorted(p.name for p in checkpoints.iterdir()) == ["best", "last", "step-00000005", "step-00000006"]
 
 
+@pytest.mark.unit
 def test_a_compressor_state_that_does_not_fit_is_named():
     comm = Communicator()
     oktopk = build_compressor("oktopk", comm, 1000, 0.01, warmup=2).state_dict()
@@ -247,6 +256,7 @@ def saved_run(tmp_path):
     return cfg.run_dir
 
 
+@pytest.mark.unit
 def test_resume_by_run_directory_uses_the_saved_config_where_the_run_now_lives(saved_run):
     moved = saved_run.parent / "exp-copy"
     shutil.copytree(saved_run, moved, symlinks=True)
@@ -262,6 +272,7 @@ def test_resume_by_run_directory_uses_the_saved_config_where_the_run_now_lives(s
     assert cfg2.train.epochs == 5 and cfg2.run_dir.resolve() == moved.resolve()
 
 
+@pytest.mark.unit
 def test_resume_a_checkpoint_written_before_a_key_existed(saved_run):
     """A key added to the code later (here compression.dense_1d, removed from the saved config as an older
     version would have written it) counts as its default: same run, resumable; set to another value, refused."""
@@ -287,6 +298,7 @@ def test_resume_a_checkpoint_written_before_a_key_existed(saved_run):
     (["optim.lr=0.5", "train.epochs=9"], "optim.lr 0.0003 -> 0.5"),
     (["name=other"], "continues where its checkpoint lives"),
 ])
+@pytest.mark.unit
 def test_resume_refuses_unsafe_changes(saved_run, overrides, message):
     with pytest.raises(ConfigError, match=message) as info:
         config_for_run(None, overrides, str(saved_run), 1)
@@ -295,6 +307,7 @@ def test_resume_refuses_unsafe_changes(saved_run, overrides, message):
         assert "Only these keys may change when resuming: " + ", ".join(SAFE_TO_CHANGE) in str(info.value)
 
 
+@pytest.mark.unit
 def test_resume_auto_and_other_refusals(saved_run, tmp_path):
     out = f"out_dir={saved_run.parent}"
     cfg, checkpoint, _ = config_for_run(str(SMOKE_CONFIG), [out, "name=exp", "train.epochs=3"], "auto", 1)

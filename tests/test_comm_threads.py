@@ -18,7 +18,7 @@ from sparse_asr.compression import COMPRESSORS, build_compressor
 from tests import reference as ref
 from tests.mpi import comm_check, compressor_check
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
 # every check of comm_check but check_split (a thread group does not split: make one of the size needed)
 COMM_CHECKS = [comm_check.check_allreduce, comm_check.check_allgatherv, comm_check.check_alltoallv,

@@ -25,6 +25,7 @@ def test_communicator_one_process_without_mpiexec(flags):
     assert "ok communicator P=1" in proc.stdout
 
 
+@pytest.mark.unit
 def test_cuda_aware_buffers_wait_for_the_current_stream(monkeypatch):
     """distributed.cuda_aware_mpi: a device tensor goes to MPI as it is, so the kernels queued on the
     current stream (which produce it, or last used its memory) must finish first; host tensors never

@@ -106,6 +106,7 @@ def two_runs(tmp_path):
     return a, b
 
 
+@pytest.mark.unit
 def test_table_holds_exactly_what_was_logged(two_runs, tmp_path):
     a, b = two_runs
     out = tmp_path / "compare"
@@ -141,6 +142,7 @@ def test_table_holds_exactly_what_was_logged(two_runs, tmp_path):
     (["--target-wer", "0.8"], {"ok-p4": (10, 9 * 1024.0), "dense-p2": (30, 30 * 4096.0)}),
     (["--target-wer", "0.1"], {"ok-p4": (None, None), "dense-p2": (None, None)}),  # never reached: empty cells
 ])
+@pytest.mark.unit
 def test_step_and_bytes_at_a_target_wer(two_runs, tmp_path, target, expected):
     out = tmp_path / "compare"
     proc = compare(*two_runs, "--out", out, *target)
@@ -152,6 +154,7 @@ def test_step_and_bytes_at_a_target_wer(two_runs, tmp_path, target, expected):
     assert table["target_dev_wer"].tolist() == pytest.approx([wer, wer])
 
 
+@pytest.mark.unit
 def test_density_of_algorithms_that_ignore_the_configured_one(tmp_path):
     # PowerSGD's configured density means nothing: the table shows the last logged comm/density (its factors'
     # entries / n, after a dense warm-up at 1.0); without that tag the cell is empty, not the config's value
@@ -166,11 +169,13 @@ def test_density_of_algorithms_that_ignore_the_configured_one(tmp_path):
     assert math.isnan(table.loc["psgd-bare", "density"])
 
 
+@pytest.mark.unit
 def test_target_run_must_be_one_of_the_runs(two_runs, tmp_path):
     proc = compare(*two_runs, "--out", tmp_path / "compare", "--target-run", "dense-p4")
     assert proc.returncode != 0 and "--target-run 'dense-p4' is not among the runs" in proc.stderr
 
 
+@pytest.mark.unit
 def test_curve_coordinates(two_runs):
     a, _ = two_runs
     run = compare_runs.load_run(a)
@@ -182,6 +187,7 @@ def test_curve_coordinates(two_runs):
     assert compare_runs.x_values(run, wer, "bytes").tolist() == [9 * 1024.0, 18 * 1024.0]
 
 
+@pytest.mark.unit
 def test_nearest_values_matches_brute_force():
     rng = np.random.default_rng(0)
     for _ in range(50):
@@ -193,6 +199,7 @@ def test_nearest_values_matches_brute_force():
         assert compare_runs.nearest_values(curve, queries).tolist() == expected
 
 
+@pytest.mark.unit
 def test_run_without_events_or_config(tmp_path):
     empty = tmp_path / "empty-run"
     empty.mkdir()
@@ -252,10 +259,12 @@ def test_real_runs_one_and_two_ranks(an4_manifests, tmp_path):
     (10, 2.228), (11, 2.201), (12, 2.179), (15, 2.131), (20, 2.086), (25, 2.060), (29, 2.045), (30, 2.042),
     (40, 2.021), (60, 2.000), (100, 1.984),
 ])
+@pytest.mark.unit
 def test_t_quantile_matches_the_published_table(df, published):
     assert abs(stats.t_quantile(0.95, df) - published) <= 0.0005
 
 
+@pytest.mark.unit
 def test_t_quantile_in_closed_form():
     # df 1 (Cauchy): P(|T| <= t) = 2 atan(t) / pi; df 2: t / sqrt(t^2 + 2); large df: the normal's 1.959964
     assert stats.t_quantile(0.95, 1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-12)
@@ -265,6 +274,7 @@ def test_t_quantile_in_closed_form():
         stats.t_quantile(0.95, 0)
 
 
+@pytest.mark.unit
 def test_paired_interval_by_hand():
     # differences 0.02, 0.05, 0.08: mean 0.05; sd = sqrt((0.03^2 + 0 + 0.03^2) / 2) = 0.03; se = 0.03 / sqrt(3)
     # = 0.0173205; t(0.975, 2) = 4.302653; half-width 0.0745241 -> [-0.0245241, 0.1245241]
@@ -291,10 +301,12 @@ def test_paired_interval_by_hand():
     (-5.0, -1e-9, "better by < 5%"),
     (-30.0, -5.0, "better by > 5%"),
 ])
+@pytest.mark.unit
 def test_verdict_at_its_boundaries(low, high, expected):
     assert stats.verdict(stats.Interval(3, (low + high) / 2, low, high)) == expected
 
 
+@pytest.mark.unit
 def test_verdict_of_one_seed():
     assert stats.verdict(stats.paired_interval([12.5])) == "n/a (one seed)"
 
@@ -328,6 +340,7 @@ def seeded_runs(tmp_path):
     return dirs
 
 
+@pytest.mark.unit
 def test_paired_comparison_by_hand(seeded_runs, tmp_path):
     out = tmp_path / "compare"
     proc = compare(*seeded_runs, "--out", out, "--paired-against", "dense")
@@ -393,6 +406,7 @@ def test_paired_comparison_by_hand(seeded_runs, tmp_path):
     assert "nan" not in markdown.lower() and "nan" not in (out / "paired.csv").read_text().lower()
 
 
+@pytest.mark.unit
 def test_target_run_by_label_takes_the_run_at_the_same_seed(seeded_runs, tmp_path):
     out = tmp_path / "compare"
     proc = compare(*seeded_runs, "--out", out, "--target-run", "dense")
@@ -406,6 +420,7 @@ def test_target_run_by_label_takes_the_run_at_the_same_seed(seeded_runs, tmp_pat
     assert table.loc["dense-s3", "step_at_target"] == 20
 
 
+@pytest.mark.unit
 def test_pairing_errors_name_the_runs(seeded_runs, tmp_path):
     proc = compare(*seeded_runs, "--out", tmp_path / "o", "--paired-against", "powersgd")
     assert proc.returncode != 0 and "--paired-against 'powersgd' is not among the run labels" in proc.stderr
@@ -422,6 +437,7 @@ def test_pairing_errors_name_the_runs(seeded_runs, tmp_path):
     assert not (tmp_path / "o" / "paired.md").exists()
 
 
+@pytest.mark.unit
 def test_labels_strip_only_the_configs_own_seed(tmp_path):
     for name, seed, label in (("dense-s3", 3, "dense"), ("dense-s3", 1, "dense-s3"), ("dense", 1, "dense"),
                               ("powersgd-matrix_approximation_rank4-s12", 12, "powersgd-matrix_approximation_rank4"),
@@ -430,6 +446,7 @@ def test_labels_strip_only_the_configs_own_seed(tmp_path):
         assert compare_runs.run_label(run) == label, (name, seed)
 
 
+@pytest.mark.unit
 def test_a_run_that_never_leaves_the_plateau_is_named_not_paired(tmp_path):
     root = tmp_path / "runs"
     runs = [seeded_run(root, "dense-s1", 1, 0.5, (0.75, 0.5), 8.0),

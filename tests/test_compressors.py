@@ -22,10 +22,12 @@ def test_compressors_match_reference(nprocs):
     assert f"ok dense_1d oktopk P={nprocs}" in out and f"ok dense_1d topka P={nprocs}" in out, out
 
 
+@pytest.mark.unit
 def test_registry_names():
     assert {"dense", "topka", "topkdsa", "gtopk", "gaussiank"} <= set(COMPRESSORS)
 
 
+@pytest.mark.unit
 def test_bad_options_are_refused():
     from sparse_asr.comm import Communicator
 
@@ -42,6 +44,7 @@ def test_bad_options_are_refused():
         build_compressor("gaussiank", comm, 100, 0.1, tolerance=0.5)
 
 
+@pytest.mark.unit
 def test_bit_mask_round_trip():
     rng = np.random.default_rng(0)
     for m in (0, 1, 7, 8, 9, 1000):
@@ -52,6 +55,7 @@ def test_bit_mask_round_trip():
         assert np.array_equal(packed.numpy(), np.packbits(mask.numpy(), bitorder="little"))
 
 
+@pytest.mark.unit
 def test_merge_topk_sums_duplicates_and_keeps_largest():
     a_idx, a_val = torch.tensor([1, 5, 9]), torch.tensor([3.0, -1.0, 0.5])
     b_idx, b_val = torch.tensor([5, 7, 9]), torch.tensor([-4.0, 2.0, 0.25])
@@ -60,6 +64,7 @@ def test_merge_topk_sums_duplicates_and_keeps_largest():
 
 
 @pytest.mark.parametrize("pairs", [0, 50, 3_000, 40_000])  # below and above numel / 4 = 2,500
+@pytest.mark.unit
 def test_sum_pairs_both_ways_give_the_same_bits(pairs):
     """The scatter-add path (many pairs) and the sorting path (few) give the distinct indices ascending and
     bitwise the same sums, which equal the float64 sums to float32 rounding."""
@@ -77,6 +82,7 @@ def test_sum_pairs_both_ways_give_the_same_bits(pairs):
     np.testing.assert_allclose(by_sort[1].numpy(), expected[np.unique(indices.numpy())], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_gaussian_quantile_matches_the_stdlib():
     from statistics import NormalDist
 

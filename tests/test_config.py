@@ -21,12 +21,14 @@ def write(tmp_path, text: str) -> Path:
     return path
 
 
+@pytest.mark.unit
 def test_every_shipped_config_loads():
     for path in sorted((REPO / "configs").glob("*.yaml")):
         cfg = load_config(path)
         assert cfg.model.name and cfg.compression.algorithm, path
 
 
+@pytest.mark.unit
 def test_file_values_and_overrides(tmp_path):
     path = write(tmp_path, "train:\n  epochs: 3\noptim:\n  lr: 1e-4\ncompression:\n  algorithm: dense\n")
     cfg = load_config(path)
@@ -77,6 +79,7 @@ def test_file_values_and_overrides(tmp_path):
     ("", ["train.precision=fp16"], "train.precision", "train.precision=fp16"),
     ("train:\n  precision: bfloat16\n", [], "train.precision", "cfg.yaml"),
 ])
+@pytest.mark.unit
 def test_bad_key_or_value_names_the_key(tmp_path, text, overrides, key, origin):
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as err:
@@ -85,6 +88,7 @@ def test_bad_key_or_value_names_the_key(tmp_path, text, overrides, key, origin):
     assert key in message and origin in message, message
 
 
+@pytest.mark.unit
 def test_augmentation_is_off_by_default_and_configurable():
     def settings(d):
         return d.freq_masks, d.freq_mask_width, d.time_masks, d.time_mask_width, d.time_mask_max_fraction
@@ -95,12 +99,14 @@ def test_augmentation_is_off_by_default_and_configurable():
     assert settings(cfg.data) == (2, 20, 3, 40, 0.2)
 
 
+@pytest.mark.unit
 def test_precision_is_fp32_by_default_and_bf16_validates(tmp_path):
     assert load_config(None).train.precision == "fp32"
     assert load_config(write(tmp_path, "train:\n  precision: bf16\n")).train.precision == "bf16"
     assert load_config(None, ["train.precision=bf16"]).train.precision == "bf16"
 
 
+@pytest.mark.unit
 def test_compression_options_checked_by_the_algorithms_options(tmp_path):
     path = write(tmp_path, "compression:\n  algorithm: oktopk\n  options:\n    local_threshold_interval: 8\n")
     assert load_config(path).compression.options == {"local_threshold_interval": 8}
@@ -114,6 +120,7 @@ def test_compression_options_checked_by_the_algorithms_options(tmp_path):
         load_config(path, ["compression.options.nope=1"])
 
 
+@pytest.mark.unit
 def test_bad_override_syntax_and_bad_files(tmp_path):
     for text in ["train.epochs", "=3", "train..epochs=3", "train epochs=3"]:
         with pytest.raises(ConfigError, match="bad override"):
@@ -128,6 +135,7 @@ def test_bad_override_syntax_and_bad_files(tmp_path):
         load_config(write(tmp_path, "- 1\n- 2\n"))
 
 
+@pytest.mark.unit
 def test_resolve_records_world_size_and_names_the_run():
     comm = Communicator()
     cfg = resolve_for_run(load_config(None, ["compression.algorithm=topka", "compression.density=0.02"]), comm)
@@ -160,6 +168,7 @@ class FakeComm:
         return [obj, theirs]
 
 
+@pytest.mark.unit
 def test_config_differing_between_ranks_is_refused():
     mine, theirs = load_config(None), load_config(None, ["optim.lr=0.1"])
     check_same_on_all_ranks(mine, FakeComm(load_config(None)))
@@ -167,12 +176,14 @@ def test_config_differing_between_ranks_is_refused():
         check_same_on_all_ranks(mine, FakeComm(theirs))
 
 
+@pytest.mark.unit
 def test_auto_warmup_is_a_fraction_of_the_run():
     assert warmup_steps(load_config(None).compression.warmup_steps, 1000) == 50
     assert warmup_steps(load_config(None).compression.warmup_steps, 19) == 0
     assert warmup_steps(load_config(None, ["compression.warmup_steps=7"]).compression.warmup_steps, 1000) == 7
 
 
+@pytest.mark.unit
 def test_include_merges_a_base_under_the_including_file(tmp_path):
     (tmp_path / "bases").mkdir()
     (tmp_path / "bases" / "root.yaml").write_text("seed: 7\ntrain:\n  epochs: 3\n  log_every_steps: 2\n")
@@ -191,6 +202,7 @@ def test_include_merges_a_base_under_the_including_file(tmp_path):
     assert "include" not in to_yaml(cfg) and load_config(write(tmp_path, to_yaml(cfg))) == cfg
 
 
+@pytest.mark.unit
 def test_errors_name_the_file_a_key_came_from(tmp_path):
     base = tmp_path / "base.yaml"
     base.write_text("train:\n  epoch: 3\n")
@@ -206,6 +218,7 @@ def test_errors_name_the_file_a_key_came_from(tmp_path):
         load_config(path, ["optim.lr=-1"])
 
 
+@pytest.mark.unit
 def test_bad_includes_are_clear_errors(tmp_path):
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text("include: b.yaml\n")
@@ -238,6 +251,7 @@ def differing_keys(a, b) -> set[str]:
     return {k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)}
 
 
+@pytest.mark.unit
 def test_lstman4_configs_are_the_paper_setup_plus_their_own_keys():
     from sparse_asr.compression import COMPRESSORS
 
@@ -261,6 +275,7 @@ def test_lstman4_configs_are_the_paper_setup_plus_their_own_keys():
         "lstman4_small", True, 16, 2)
 
 
+@pytest.mark.unit
 def test_an_empty_override_is_the_empty_string():
     """`data.test_manifest=` means no test set, like data.test_manifest=''."""
     assert load_config(None, ["data.test_manifest="]).data.test_manifest == ""
@@ -269,6 +284,7 @@ def test_an_empty_override_is_the_empty_string():
         load_config(None, ["train.epochs="])
 
 
+@pytest.mark.unit
 def test_batch_per_rank_scales_the_global_batch_with_the_ranks(tmp_path):
     cfg = load_config(None, ["train.batch_per_rank=3"])
     assert cfg.train.global_batch_size is None  # the default 32 is not used
@@ -285,6 +301,7 @@ def test_batch_per_rank_scales_the_global_batch_with_the_ranks(tmp_path):
         resolve_world_size(load_config(None), 3)
 
 
+@pytest.mark.unit
 def test_exactly_one_batch_size_is_set(tmp_path):
     path = write(tmp_path, "train:\n  global_batch_size: 64\n")
     with pytest.raises(ConfigError) as error:
@@ -304,6 +321,7 @@ def test_batch_per_rank_under_mpi(nprocs):
     assert f"P={nprocs}: global batch {3 * nprocs}, 3 utterances per rank per step" in out, out
 
 
+@pytest.mark.unit
 def test_check_config_command(tmp_path, capsys):
     config = str(write(tmp_path, "model:\n  name: lstman4_tiny\ntrain:\n  global_batch_size: 8\n"))
     assert check_config.main(["--config", config, "--world-size", "4"]) == 0

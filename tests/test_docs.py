@@ -5,9 +5,8 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.unit
 
-
+@pytest.mark.unit
 def test_design_map_names_every_module():
     layout = (REPO / "DESIGN.md").read_text().split("## 1. Layout", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"[A-Za-z0-9_]+\.py", layout))
@@ -18,6 +17,7 @@ def test_design_map_names_every_module():
         f"DESIGN.md's layout names files the package does not have: {sorted(named - modules)}"
 
 
+@pytest.mark.unit
 def test_readme_is_a_page_and_copies_no_result_figures():
     """README <= 200 lines; its Results section points at docs/results.md instead of copying figures (they go
     stale there): no WER, time or ratio figures in it."""
@@ -26,3 +26,19 @@ def test_readme_is_a_page_and_copies_no_result_figures():
     results = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
     assert "docs/results.md" in results
     assert not re.findall(r"\b0\.\d{2,}\b|\d+(\.\d+)? ?(ms|min|s)\b|\d+(\.\d+)?x\b", results), results
+
+
+@pytest.mark.tooling
+def test_an_unmarked_test_fails_collection(tmp_path):
+    """tests/conftest.py: a test that names no tier stops the run instead of landing in the quick tier."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(REPO / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("test_*.py", "__pycache__"))
+    (tmp_path / "tests" / "test_unmarked.py").write_text("def test_anything():\n    assert True\n")
+    (tmp_path / "pytest.ini").write_text((REPO / "pytest.ini").read_text())
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "no tier: tests/test_unmarked.py::test_anything" in proc.stdout + proc.stderr, \
+        proc.stdout + proc.stderr

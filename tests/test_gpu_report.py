@@ -4,7 +4,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.tooling  # every test runs bench/gpu_report.py in a subprocess
 
 SELECTION = """numel = 27,569,568, float32, median of 10 runs; ratio = torch.topk time / method time
 

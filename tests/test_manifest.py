@@ -111,6 +111,7 @@ def test_missing_files_by_line(tiny, tmp_path):
     assert missing_files(read_manifest(tmp_path / "m.csv")) == [(5, str(tmp_path / "gone.sph"))]
 
 
+@pytest.mark.unit
 def test_rewrite_prefix():
     assert rewrite_prefix("/scratch/a/x.wav", "/scratch/a", "/data") == "/data/x.wav"
     assert rewrite_prefix("/scratch/a/x.wav", "/scratch/a/", "/data/") == "/data/x.wav"
@@ -219,6 +220,7 @@ def test_fix_our_format_moves_relative_paths(tiny, tmp_path):
     assert missing_files(df) == [] and df["utt_id"].tolist() == tiny["utt_id"].tolist()
 
 
+@pytest.mark.unit
 def test_ambiguous_names_are_not_guessed(tmp_path):
     for sub in ("a/wav", "b/wav"):
         (tmp_path / sub).mkdir(parents=True)
@@ -227,6 +229,7 @@ def test_ambiguous_names_are_not_guessed(tmp_path):
     assert found is None and "ambiguous" in reason
 
 
+@pytest.mark.unit
 def test_cli_usage_errors(tmp_path):
     assert fix(tmp_path / "m.csv").returncode == 2  # no action given
     assert fix(tmp_path / "m.csv", "--old-root", "/x").returncode == 2

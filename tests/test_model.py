@@ -5,6 +5,8 @@ from sparse_asr.models import MODELS, build_model
 from sparse_asr.models.deepspeech import DeepSpeech, DeepSpeechSpec
 from tests.batchnorm_reference import randomize_batchnorms
 
+pytestmark = pytest.mark.unit
+
 torch.set_num_threads(1)
 
 

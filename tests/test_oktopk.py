@@ -31,6 +31,7 @@ def test_oktopk_ranks(nprocs):
         assert f"ok {check} P={nprocs}" in out, out
 
 
+@pytest.mark.unit
 def test_registry_and_options():
     comm = Communicator()
     comp = build_compressor("oktopk", comm, 1000, 0.05, local_threshold_interval=4, repartition_interval=8,
@@ -48,6 +49,7 @@ def test_registry_and_options():
         build_compressor("oktopk", comm, 1000, 0.05, threshold_interval_typo=3)
 
 
+@pytest.mark.unit
 def test_state_dict_rejects_other_world_size():
     comp = OkTopk(Communicator(), 1000, 0.05)
     state = comp.state_dict()
@@ -67,6 +69,7 @@ def controlled(control: CountController, k: int, ideal, elasticity: float, steps
 
 
 @pytest.mark.parametrize("elasticity", [2.0, 5.0, 16.0])
+@pytest.mark.unit
 def test_controller_lands_on_k_and_follows_a_drift(elasticity):
     """Started 30% too low, it reaches k within a few steps without oscillating, for flat and steep
     tails alike, and then follows a threshold that rises 1% per step with no lasting offset."""
@@ -80,6 +83,7 @@ def test_controller_lands_on_k_and_follows_a_drift(elasticity):
     assert max(abs(math.log(r)) for r in ratios[25:]) < 0.01, ratios
 
 
+@pytest.mark.unit
 def test_controller_step_limits_and_resets():
     control = CountController(count_gain=1.0, drift_gain=0.3, threshold=1.0)
     control.update(0, 1000, 2.0)  # nothing selected: at most a factor 2 per step
@@ -93,6 +97,7 @@ def test_controller_step_limits_and_resets():
     assert (floor.threshold, floor.drift) == (MIN_THRESHOLD, 0.0)
 
 
+@pytest.mark.unit
 def test_sum_sorted_runs():
     """Sorted, every repeated index summed into its first position and 0 elsewhere; the stable
     order comes from numpy's timsort on CPU and torch.sort elsewhere: the same permutation."""
@@ -115,6 +120,7 @@ def test_sum_sorted_runs():
     assert empty[0].numel() == 0 and empty[1].numel() == 0
 
 
+@pytest.mark.unit
 def test_balanced_regions():
     hist = torch.tensor([0, 100, 0, 0, 300, 0, 0, 0], dtype=torch.int32)  # bins of 10 over [0, 80)
     bounds = balanced_regions(hist, 80, 4)
@@ -123,6 +129,7 @@ def test_balanced_regions():
     assert balanced_regions(hist, 80, 1) == [0, 80]
 
 
+@pytest.mark.unit
 def test_p1_zero_gradient_and_fewer_nonzeros_than_k():
     comp = OkTopk(Communicator(), 1000, 0.1)
     g = torch.zeros(1000)

@@ -25,6 +25,7 @@ def test_matches_pytorch_hook_and_keeps_its_properties(nprocs):
 
 @pytest.mark.parametrize("rank", [1, 2, 4])
 @pytest.mark.parametrize("epsilon", [0.0, 1e-3])
+@pytest.mark.unit
 def test_orthogonalize_is_pytorchs(rank, epsilon):
     batch = torch.randn(3, 50, rank, generator=torch.Generator().manual_seed(rank))
     theirs = batch.clone()
@@ -33,6 +34,7 @@ def test_orthogonalize_is_pytorchs(rank, epsilon):
     assert torch.equal(batch, theirs)
 
 
+@pytest.mark.unit
 def test_a_zero_column_stays_zero_where_pytorch_makes_nan():
     batch = torch.randn(1, 20, 2)
     batch[0, :, 0] = 0.0
@@ -43,6 +45,7 @@ def test_a_zero_column_stays_zero_where_pytorch_makes_nan():
     assert not batch[0, :, 0].any() and torch.allclose(batch[0, :, 1].norm(), torch.tensor(1.0))
 
 
+@pytest.mark.unit
 def test_plan_and_closed_form_at_lstman4_size():
     # lstman4 viewed as the hook views it, rank 1: conv (32, 451) + (32, 7392), LSTM (3200, 1312) + nine
     # (3200, 800), lookahead (800, 21), classifier (29, 800) are compressed, r (rows + cols) entries each:
@@ -65,6 +68,7 @@ def test_plan_and_closed_form_at_lstman4_size():
     assert (ours.low, ours.high, ours.typical, ours.messages) == (dense.low, dense.high, dense.typical, dense.messages)
 
 
+@pytest.mark.unit
 def test_min_compression_rate_decides_as_pytorch():
     # (800, 21) at rank 4: 4 * 821 = 3284 entries against 16,800, a rate of 5.1.
     shapes = [torch.Size([800, 1, 21])]
@@ -73,6 +77,7 @@ def test_min_compression_rate_decides_as_pytorch():
     assert len(plan([torch.Size([800])], 1, 0.5).matrices) == 1  # unless asked (the hook does the same)
 
 
+@pytest.mark.unit
 def test_registered_and_wrapped_by_the_dense_warmup():
     comm = Communicator()
     assert COMPRESSORS["powersgd"] is PowerSGD
@@ -81,6 +86,7 @@ def test_registered_and_wrapped_by_the_dense_warmup():
     assert "14 of 40 tensors low-rank, 90,261 of 27,569,568 entries" in compressor.describe()
 
 
+@pytest.mark.unit
 def test_bad_options_and_state_are_refused():
     comm = Communicator()
     shapes = [torch.Size([30, 20]), torch.Size([30])]
@@ -98,6 +104,7 @@ def test_bad_options_and_state_are_refused():
         build_compressor("powersgd", comm, 630, shapes=shapes).load_state_dict(rank2.state_dict())
 
 
+@pytest.mark.unit
 def test_config_selects_it_with_its_options():
     cfg = load_config("configs/smoke.yaml", ["compression.algorithm=powersgd",
                                              "compression.options.matrix_approximation_rank=2",

@@ -60,6 +60,7 @@ def counted_words(algorithm: str, P: int, n: int, k: int) -> tuple[float, float]
 
 @pytest.mark.parametrize("algorithm", ["dense", "topka", "gaussiank", "gtopk", "oktopk"])
 @pytest.mark.parametrize("P", [2, 3, 4, 7, 8, 64, 256])
+@pytest.mark.unit
 def test_closed_forms_equal_counted_transfers(algorithm, P):
     density = 0.02
     k = round(density * N)
@@ -69,6 +70,7 @@ def test_closed_forms_equal_counted_transfers(algorithm, P):
     assert messages == expected_messages
 
 
+@pytest.mark.unit
 def test_topkdsa_fill_in_and_dense_switch():
     n, d = 1_000_000, 0.02
     k = round(d * n)
@@ -84,6 +86,7 @@ def test_topkdsa_fill_in_and_dense_switch():
     assert ps.closed_form("dense", 1, n, d) == (0.0, 0.0)
 
 
+@pytest.mark.unit
 def test_ordering_as_P_grows():
     sparse = [a for a in ps.ALGORITHMS if a not in ps.NOT_IN_PAPER]  # the paper's comparison; PowerSGD's below
     df = ps.project(sparse, [4, 16, 64, 256], N, 0.02, [], MODEL)
@@ -108,6 +111,7 @@ def test_ordering_as_P_grows():
     assert df[df.algorithm == "dense"].speedup_vs_dense.tolist() == [1.0] * 4
 
 
+@pytest.mark.unit
 def test_every_registered_algorithm_is_projected():
     from sparse_asr.compression import COMPRESSORS
 
@@ -115,6 +119,7 @@ def test_every_registered_algorithm_is_projected():
 
 
 @pytest.mark.parametrize("rank", [1, 4])
+@pytest.mark.unit
 def test_powersgd_volume_follows_lstman4_shapes_and_rank_not_density(rank):
     # lstman4: 14 matrices with 50,069 rows + columns in all, 40,192 entries in vectors sent whole
     # (tests/test_powersgd.py counts them); three ring allreduces of 2(P-1)/P words per entry
@@ -134,6 +139,7 @@ def test_powersgd_volume_follows_lstman4_shapes_and_rank_not_density(rank):
     ("powersgd.matrix_approximation_rank=0", "matrix_approximation_rank must be >= 1"),
     ("matrix_approximation_rank=4", "expected ALGO.KEY=VALUE"),
 ])
+@pytest.mark.unit
 def test_bad_options_are_named(item, message):
     with pytest.raises(SystemExit, match=message):
         ps.parse_algorithm_options([item])
@@ -152,6 +158,7 @@ def write_measured(path: Path, P: int, records: list[dict]) -> Path:
     return path
 
 
+@pytest.mark.unit
 def test_measured_points_are_reproduced_and_the_ratio_carries_on(tmp_path):
     n, d = 1_000_000, 0.02
     files = [
@@ -191,6 +198,7 @@ def test_measured_points_are_reproduced_and_the_ratio_carries_on(tmp_path):
     assert df.loc[("gtopk", 32)].MB_per_step * 1e6 == pytest.approx(b32g * 161_000.0 / bg, rel=1e-12)
 
 
+@pytest.mark.unit
 def test_oktopk_allgatherv_plain_vs_rebalanced(tmp_path):
     """The ring model: P-1 steps each as long as the largest block; re-cutting the blocks first costs
     what the busiest rank receives for it. Measured shapes come from Ok-Topk's per-step figures."""
@@ -221,6 +229,7 @@ def main(*args) -> tuple[int, str]:
     return code, out.getvalue()
 
 
+@pytest.mark.unit
 def test_command_line_without_measurements(tmp_path):
     code, text = main("--out", tmp_path, "--ranks", "8", "64", "256")
     assert code == 0
@@ -234,6 +243,7 @@ def test_command_line_without_measurements(tmp_path):
     assert sorted(set(table.P)) == [8, 64, 256] and set(table.source) == {"closed form"}
 
 
+@pytest.mark.unit
 def test_bad_measured_input_is_named(tmp_path):
     bad = write_measured(tmp_path / "bad.json", 2, [{"algorithm": "oktopk", "P": 2, "numel": 10, "density": 0.1}])
     with pytest.raises(SystemExit, match=r"bad.json record 0: missing field \(one of bytes_recv_max\)"):

@@ -82,6 +82,7 @@ class FakeComm:
         self.aborted.set()
 
 
+@pytest.mark.unit
 def test_watchdog_fires_when_one_call_waits_too_long(capsys):
     comm = FakeComm()
     comm.in_flight = ("Allreduce", 7)
@@ -94,6 +95,7 @@ def test_watchdog_fires_when_one_call_waits_too_long(capsys):
                         r"rank is stopped, hung or dead; aborting the job\n", capsys.readouterr().err)
 
 
+@pytest.mark.unit
 def test_watchdog_never_fires_on_a_slow_but_moving_run():
     """Many calls, each shorter than the timeout, and long stretches without any call (computing): the
     run as a whole takes several timeouts and the watchdog stays quiet."""
@@ -108,6 +110,7 @@ def test_watchdog_never_fires_on_a_slow_but_moving_run():
     assert not comm.aborted.is_set()
 
 
+@pytest.mark.unit
 def test_watchdog_does_not_count_time_this_process_was_stopped():
     """A whole job suspended (SIGSTOP) and resumed (SIGCONT) must not be aborted for the time it was stopped."""
     script = ("import sys, time\n"

@@ -5,6 +5,8 @@ import torch
 
 from sparse_asr.training.scoring import ErrorCounts, char_errors, word_errors
 
+pytestmark = pytest.mark.unit
+
 
 def reference_edit_distance(a, b):
     """Plain dynamic-programming Levenshtein distance over two sequences (independent of the library)."""

@@ -20,6 +20,8 @@ from sparse_asr.compression.selection import (
     topk_threshold_select,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def heavy_tailed(n, seed):
     g = torch.Generator().manual_seed(seed)

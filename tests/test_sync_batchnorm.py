@@ -43,6 +43,7 @@ def assert_close_buffers(a: dict, b: dict, tolerance: float):
                                    msg=lambda text: f"{key}: {text}")
 
 
+@pytest.mark.unit
 def test_same_parameters_and_buffers_as_the_plain_model():
     plain, synced = models(Communicator())
     assert {k: v.shape for k, v in plain.state_dict().items()} == {k: v.shape for k, v in synced.state_dict().items()}
@@ -92,6 +93,7 @@ def test_eval_mode_is_plain_batchnorm_and_does_not_communicate(utterances):
     assert COUNT_AS not in comm.per_op()
 
 
+@pytest.mark.unit
 def test_backward_is_the_gradient_of_the_masked_forward():
     """gradcheck in float64 on a (B, C, F, T) map with padded time steps (outputs there are 0)."""
     torch.manual_seed(0)
@@ -111,6 +113,7 @@ def test_backward_is_the_gradient_of_the_masked_forward():
         f, None, w, b, running_mean, running_var, 1e-5, 0.1, comm), (frames, weight, bias))
 
 
+@pytest.mark.unit
 def test_one_value_per_channel_is_refused():
     norm = SyncBatchNorm(3, Communicator())
     with pytest.raises(ValueError, match="more than one value per channel"):

@@ -3,6 +3,8 @@ import torch
 
 from sparse_asr.data.text import BLANK, LABELS, NUM_CLASSES, greedy_decode, ids_to_text, text_to_ids
 
+pytestmark = pytest.mark.unit
+
 
 def test_labels_layout():
     assert LABELS[BLANK] == "_" and BLANK == 0

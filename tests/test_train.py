@@ -273,6 +273,7 @@ def test_sampler_gives_every_rank_the_same_number_of_steps(tiny_manifest):
     (["-c", "configs/missing.yaml"], "config file 'configs/missing.yaml' does not exist"),
     (["train.epochs"], "'train.epochs' is not a key.sub=value override"),
 ])
+@pytest.mark.unit
 def test_run_local_refuses_bad_arguments_before_doing_anything(args, message):
     import subprocess
     from pathlib import Path
