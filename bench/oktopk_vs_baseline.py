@@ -134,11 +134,10 @@ def main():
             compressor, c = impls[name]
             flat = grad.clone()
             comm.barrier()
-            before = c.counts()
-            t0 = time.perf_counter()
-            stats = compressor.step(flat, step) if name == "baseline" else compressor.step(flat)
-            seconds = time.perf_counter() - t0
-            moved = c.counts() - before
+            with c.measure() as moved:
+                t0 = time.perf_counter()
+                stats = compressor.step(flat, step) if name == "baseline" else compressor.step(flat)
+                seconds = time.perf_counter() - t0
             if step >= args.warmup:
                 rows[name].append((exchange_s[name][-1], seconds, moved.bytes_recv, moved.msgs_sent,
                                    stats.selected_global / compressor.k))

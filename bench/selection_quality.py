@@ -105,20 +105,19 @@ class Oracle(Compressor):
 
     def step(self, flat_grad: torch.Tensor) -> StepStats:
         comm, k = self.comm, min(self.k, self.numel)
-        before = comm.counts()
         self.residual += flat_grad
-        total = comm.allreduce_(self.residual.clone())  # the ranks' sum of acc, the same bits everywhere
-        t0 = time.perf_counter()
-        picked = torch.zeros(k, dtype=torch.int64, device=self.device)
-        if comm.rank == 0:  # one pick for all: every rank would pick the same from the same sum
-            picked = topk_indices(total, k)
-        seconds_select = time.perf_counter() - t0
-        comm.bcast_(picked)
+        with comm.measure() as moved:
+            total = comm.allreduce_(self.residual.clone())  # the ranks' sum of acc, the same bits everywhere
+            t0 = time.perf_counter()
+            picked = torch.zeros(k, dtype=torch.int64, device=self.device)
+            if comm.rank == 0:  # one pick for all: every rank would pick the same from the same sum
+                picked = topk_indices(total, k)
+            seconds_select = time.perf_counter() - t0
+            comm.bcast_(picked)
         flat_grad.zero_()
         flat_grad[picked] = total[picked] / comm.size
         self.residual[picked] = 0.0
         self.applied = k
-        moved = comm.counts() - before
         P = comm.size
         return StepStats(algorithm=self.name, dense=False, numel=self.numel, k=self.k, selected_local=k,
                          selected_global=k, bytes_sent=moved.bytes_sent, bytes_recv=moved.bytes_recv,

@@ -5,7 +5,8 @@ at the *application level* (DESIGN 3), independent of the algorithm MPI uses int
   - allreduce of n elements: the ring cost, 2n(P-1)/P elements sent and received;
   - allgatherv: a rank sends its part to the P-1 others and receives the others' parts;
   - alltoallv and point-to-point: exactly what leaves and what arrives.
-Compressors read `counts()` before and after a phase and subtract to get that phase's figures.
+A compressor measures a phase with `with comm.measure() as moved:` (the one byte counter; `counts()` is the
+running total the benches read).
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ import torch
 from sparse_asr.comm.communicator import CommCounts, Communicator
 
 
-@dataclass
+@dataclass(frozen=True)  # built once per step by the compressor; never edited afterwards
 class StepStats:
     """What one `step()` did. Every field is defined from the first step on (never NaN)."""
 

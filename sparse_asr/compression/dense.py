@@ -1,6 +1,8 @@
 """Dense allreduce: SUM / P. The reference every sparse algorithm is compared against. Also the two wrappers
 that put dense allreduce beside another compressor: DenseWarmup (the first steps) and DenseVectors (the
 one-dimensional parameters)."""
+import dataclasses
+
 import torch
 
 from sparse_asr.compression.base import Compressor, CompressorWrapper, Cost, StepStats
@@ -81,7 +83,6 @@ class DenseVectors(CompressorWrapper):
             stats = self.inner.step(flat_grad)
             self.comm.allreduce_(vectors)
         flat_grad[self.positions] = vectors / self.comm.size
-        stats.selected_global += self.positions.numel()
-        stats.bytes_sent, stats.bytes_recv = moved.bytes_sent, moved.bytes_recv
-        stats.messages, stats.seconds_comm = moved.msgs_sent, moved.seconds
-        return stats
+        return dataclasses.replace(stats, selected_global=stats.selected_global + self.positions.numel(),
+                                   bytes_sent=moved.bytes_sent, bytes_recv=moved.bytes_recv,
+                                   messages=moved.msgs_sent, seconds_comm=moved.seconds)

@@ -360,9 +360,8 @@ class OkTopk(SparseCompressor):
     @contextmanager
     def _phase(self, figures: dict, name: str):
         """Add the traffic and communication seconds of the enclosed calls to figures[*_name]."""
-        before = self.comm.counts()
-        yield
-        moved = self.comm.counts() - before
+        with self.comm.measure() as moved:
+            yield
         figures[f"bytes_recv_{name}"] += moved.bytes_recv
         figures[f"bytes_sent_{name}"] += moved.bytes_sent
         figures[f"seconds_{name}"] += moved.seconds
