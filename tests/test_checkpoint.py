@@ -261,7 +261,8 @@ def test_resume_by_run_directory_uses_the_saved_config_where_the_run_now_lives(s
     moved = saved_run.parent / "exp-copy"
     shutil.copytree(saved_run, moved, symlinks=True)
     cfg, checkpoint, _ = config_for_run(None, ["train.epochs=5", "train.log_every_steps=7"], str(moved), 1)
-    assert checkpoint == str((moved / "checkpoints" / "step-00000004").resolve())
+    assert str(checkpoint) == str((moved / "checkpoints" / "step-00000004").resolve())
+    assert checkpoint.index["step"] == 4  # the index read once, for loading to verify the files against
     assert cfg.run_dir.resolve() == moved.resolve()  # where the checkpoint is, not the name stored in it
     assert (cfg.train.epochs, cfg.train.log_every_steps, cfg.train.resume) == (5, 7, str(moved))
     saved = json.loads((moved / "checkpoints" / "last" / MANIFEST).read_text())["config"]
@@ -313,7 +314,7 @@ def test_resume_auto_and_other_refusals(saved_run, tmp_path):
     cfg, checkpoint, _ = config_for_run(str(SMOKE_CONFIG), [out, "name=exp", "train.epochs=3"], "auto", 1)
     assert checkpoint and cfg.train.epochs == 3  # exp has a checkpoint: continue it
     cfg, checkpoint, _ = config_for_run(str(SMOKE_CONFIG), [out, "name=fresh", "train.resume=auto"], "", 1)
-    assert checkpoint == "" and cfg.name == "fresh"  # nothing to continue: start it
+    assert checkpoint is None and cfg.name == "fresh"  # nothing to continue: start it
     with pytest.raises(ConfigError, match="needs --config and an explicit run name"):
         config_for_run(str(SMOKE_CONFIG), [out], "auto", 1)
     with pytest.raises(ConfigError, match="--config is required to start a run"):

@@ -75,6 +75,18 @@ class TrainingState:
     extra: dict = field(default_factory=dict)  # anything else a run records (the resolved warm-up, log rows)
 
 
+@dataclass(frozen=True)
+class Located:
+    """A checkpoint a job continues from: its directory and its index as read once (resume.config_for_run);
+    loading verifies every file against this index instead of reading it again."""
+
+    directory: Path
+    index: dict
+
+    def __str__(self) -> str:
+        return str(self.directory)
+
+
 def rank_file(rank: int) -> str:
     return f"rank{rank}.pt"
 
@@ -337,11 +349,15 @@ def check_world_size(directory: Path, manifest: dict, world_size: int) -> None:
                               f"launch it with mpiexec -n {manifest['world_size']}")
 
 
-def load_training_state(comm, path: str | Path) -> TrainingState:
-    """Collective: this rank's view of a checkpoint (the shared file and its own shard, both verified).
-    Raises on every rank if any rank's files are missing or corrupted, so no rank goes on alone."""
-    directory = find_checkpoint(path)
-    manifest = read_index(directory)
+def load_training_state(comm, path: str | Path | Located) -> TrainingState:
+    """Collective: this rank's view of a checkpoint (the shared file and its own shard, both verified against
+    the index: the one already read when `path` is a Located). Raises on every rank if any rank's files are
+    missing or corrupted, so no rank goes on alone."""
+    if isinstance(path, Located):
+        directory, manifest = path.directory, path.index
+    else:
+        directory = find_checkpoint(path)
+        manifest = read_index(directory)
     check_world_size(directory, manifest, comm.size)
 
     def load() -> TrainingState:

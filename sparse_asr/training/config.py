@@ -194,7 +194,7 @@ def build_config(raw: dict, overrides: typing.Sequence[str] = (), source: str = 
     origins: dict[str, str] = {}  # dotted key -> the override text that set it
     for text in overrides:
         key, value = parse_override(text)
-        _set_dotted(raw, key, value, text)
+        set_dotted(raw, key, value, text)
         origins[key] = text
 
     def where(key: str) -> str:
@@ -272,7 +272,8 @@ def parse_override(text: str) -> tuple[str, object]:
         raise ConfigError(f"override {text!r}: value is not valid YAML: {e}") from None
 
 
-def _set_dotted(raw: dict, key: str, value, text: str) -> None:
+def set_dotted(raw: dict, key: str, value, text: str = "") -> None:
+    """raw[a][b][c] = value for key 'a.b.c', creating sections; `text` (the override) names a clash."""
     node = raw
     parts = key.split(".")
     for i, part in enumerate(parts[:-1]):

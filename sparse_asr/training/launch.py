@@ -22,8 +22,8 @@ from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, TrainingDat
 from sparse_asr.data.manifest import read_manifest
 from sparse_asr.fileio import atomic_write_text
 from sparse_asr.models import build_model
-from sparse_asr.training.checkpoint import (CheckpointError, TrainingState, check_state_fits, load_training_state,
-                                            on_every_rank)
+from sparse_asr.training.checkpoint import (CheckpointError, Located, TrainingState, check_state_fits,
+                                            load_training_state, on_every_rank)
 from sparse_asr.training.config import (Config, ConfigError, config_digest, default_run_name, flatten,
                                         resolve_world_size, to_dict, to_yaml)
 from sparse_asr.training.provenance import append_provenance, provenance, summary
@@ -191,7 +191,7 @@ def bare_trainer(cfg: Config, comm, model: torch.nn.Module, train: SpeechDataset
                    device, RunLogger(cfg.run_dir, enabled=False))
 
 
-def start_run(cfg: Config, comm, resume: str = "", overwrite: bool = False) -> Trainer:
+def start_run(cfg: Config, comm, resume: str | Located | None = None, overwrite: bool = False) -> Trainer:
     """Collective: the Trainer of a resolved config, restored from the checkpoint `resume` when given. All
     that can refuse the run is checked on every rank before the run directory is touched (run_job holds
     its lock by then); `overwrite` deletes a previous run's files there first."""

@@ -17,10 +17,10 @@ import json
 from pathlib import Path
 
 from sparse_asr.fileio import atomic_write
-from sparse_asr.training.checkpoint import (CheckpointError, check_world_size, complete_checkpoints, locate_checkpoint,
-                                            read_index, step_of)
+from sparse_asr.training.checkpoint import (CheckpointError, Located, check_world_size, complete_checkpoints,
+                                            locate_checkpoint, read_index, step_of)
 from sparse_asr.training.config import (Config, ConfigError, build_config, flatten, load_config, parse_override,
-                                        resolve_world_size, resume_safe_keys, to_dict)
+                                        resolve_world_size, resume_safe_keys, set_dotted, to_dict)
 
 # Keys that change how a run is watched or how long it goes on, not what it computes step by step: the
 # settings marked resume_safe in config.py.
@@ -30,17 +30,17 @@ LOCATION_KEYS = ("name", "out_dir", "train.resume", "distributed.world_size")
 
 
 def config_for_run(config_path: str | None, overrides: list[str], resume: str,
-                   world_size: int) -> tuple[Config, str, list[str]]:
-    """The config this job runs, the checkpoint directory it continues from ("" = a fresh start) and notes
-    for the log (an older checkpoint used because the newest is damaged; the config keys changed since the
-    checkpoint). `resume`: "" (then train.resume of the config), a run or checkpoint directory, or "auto"."""
+                   world_size: int) -> tuple[Config, Located | None, list[str]]:
+    """The config this job runs, the checkpoint it continues from (its directory and the index read here,
+    which loading verifies the files against: read once; None = a fresh start) and notes for the log (an
+    older checkpoint used because the newest is damaged; the config keys changed since the checkpoint). `resume`: "" (then train.resume of the config), a run or checkpoint directory, or "auto"."""
     requested = load_config(config_path, overrides) if config_path else None
     given = dict(parse_override(o) for o in overrides)
     resume = resume or (requested.train.resume if requested else str(given.get("train.resume") or ""))
     if not resume:
         if requested is None:
             raise ConfigError("--config is required to start a run (only --resume RUN_DIR may leave it out)")
-        return requested, "", []
+        return requested, None, []
     asked = resume
     if resume == "auto":
         if requested is None or not requested.name:
@@ -49,7 +49,7 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str,
         # Any finished checkpoint counts, not only `last`: a crash between a save and its link, or a user's
         # cleanup, leaves `last` missing or dangling, and the run continues from its newest intact one.
         if not complete_checkpoints(requested.run_dir / "checkpoints"):
-            return dataclasses.replace(requested, train=dataclasses.replace(requested.train, resume=asked)), "", []
+            return dataclasses.replace(requested, train=dataclasses.replace(requested.train, resume=asked)), None, []
         resume = str(requested.run_dir)
     directory, fallback = locate_checkpoint(resume)
     manifest = read_index(directory)
@@ -63,7 +63,7 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str,
     saved, source = manifest["config"], str(directory / "manifest.json")
     if requested is None:
         requested = build_config(saved, overrides, source=source)
-    check_location(requested, overrides, run_dir)
+    check_location(requested, given, run_dir)
     # A key the saved config lacks was added to the code after the checkpoint was written: it counts as its
     # default, which keeps what the run computed (a new key's default must be the old behaviour).
     old = flatten(to_dict(build_config(saved, source=source)))
@@ -78,14 +78,10 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str,
     raw = copy.deepcopy(saved)
     for key, value in [*((k, new[k]) for k in changed), ("name", run_dir.name), ("out_dir", str(run_dir.parent)),
                        ("train.resume", asked)]:
-        *sections, last = key.split(".")
-        node = raw
-        for section in sections:
-            node = node[section]
-        node[last] = value
+        set_dotted(raw, key, value)
     notes = ([fallback] if fallback else []) + ([f"config keys changed since the checkpoint: {', '.join(changed)}"]
                                                  if changed else [])
-    return build_config(raw, source=source), str(directory), notes
+    return build_config(raw, source=source), Located(directory, manifest), notes
 
 
 def run_dir_of(directory: Path) -> Path:
@@ -96,9 +92,9 @@ def run_dir_of(directory: Path) -> Path:
     return directory.parent.parent
 
 
-def check_location(requested: Config, overrides: list[str], run_dir: Path) -> None:
-    """A name or out_dir given on the command line must agree with where the run is."""
-    given = dict(parse_override(o) for o in overrides)
+def check_location(requested: Config, given: dict, run_dir: Path) -> None:
+    """A name or out_dir given on the command line (`given`: the parsed overrides) must agree with where the
+    run is."""
     if ("name" in given and requested.name != run_dir.name) or \
             ("out_dir" in given and Path(requested.out_dir).resolve() != run_dir.parent.resolve()):
         raise ConfigError(f"a resumed run continues where its checkpoint lives ({run_dir}); name={requested.name} "
