@@ -33,7 +33,8 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str,
                    world_size: int) -> tuple[Config, Located | None, list[str]]:
     """The config this job runs, the checkpoint it continues from (its directory and the index read here,
     which loading verifies the files against: read once; None = a fresh start) and notes for the log (an
-    older checkpoint used because the newest is damaged; the config keys changed since the checkpoint). `resume`: "" (then train.resume of the config), a run or checkpoint directory, or "auto"."""
+    older checkpoint used because the newest is damaged; the config keys changed since the checkpoint).
+    `resume`: "" (then train.resume of the config), a run or checkpoint directory, or "auto"."""
     requested = load_config(config_path, overrides) if config_path else None
     given = dict(parse_override(o) for o in overrides)
     resume = resume or (requested.train.resume if requested else str(given.get("train.resume") or ""))
