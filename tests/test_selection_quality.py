@@ -117,11 +117,14 @@ def test_rank_gradients_are_what_P_ranks_compute(cfg):
     whole = sq.ShardGradients(cfg.model.name, True, finest=1, timeout_s=60)
     whole.load(model)
     one = whole(items, [1])[1][0]
+    # The same gradient summed in another order: float32 over the LSTM's long reductions differs by up to ~2e-5
+    # of the largest entry, more under some kernels (oneDNN capped at AVX2: 2.1e-5); 1e-4 still sits 10x below
+    # the 1e-3 by which two ranks' gradients differ (the last assertion), so a wrong gradient fails.
     scale = float(one.abs().max())
     for r in range(2):
-        torch.testing.assert_close(by_P[2][r], two[r], rtol=0, atol=2e-5 * scale)
+        torch.testing.assert_close(by_P[2][r], two[r], rtol=0, atol=1e-4 * scale)
     for P, grads in by_P.items():
-        torch.testing.assert_close(sq.mean(grads), one, rtol=0, atol=2e-5 * scale, msg=f"P={P}")
+        torch.testing.assert_close(sq.mean(grads), one, rtol=0, atol=1e-4 * scale, msg=f"P={P}")
     assert not torch.allclose(by_P[2][0], by_P[2][1], atol=1e-3 * scale), "the two ranks' gradients should differ"
 
     per_rank = sq.ShardGradients(cfg.model.name, False, finest=4)
