@@ -1,6 +1,8 @@
-"""The one way this project writes a file that others may read: atomically."""
+"""The one way this project writes a file that others may read: atomically; and the one way it opens a file in
+a shared place that it keeps open (a lock, an appended log): never through a planted symlink."""
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -63,3 +65,15 @@ def fsync_dir(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def open_no_follow(path: str | Path, flags: int = os.O_RDWR | os.O_CREAT) -> int:
+    """os.open(path, flags) that refuses a symlink at `path` (another user may have planted one to make us
+    write through it) and never truncates what is there; returns the descriptor (closed on exec). Raises
+    OSError naming the path."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(e.errno, f"{path} is a symbolic link; refusing to follow it") from None
+        raise

@@ -10,7 +10,6 @@ copied next to the extracted data (<data-dir>/LICENSE.an4).
 from __future__ import annotations
 
 import argparse
-import errno
 import fcntl
 import gzip
 import json
@@ -29,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from sparse_asr.data.audio import AudioError, audio_frames
+from sparse_asr.fileio import open_no_follow
 from sparse_asr.data.manifest import write_manifest
 from sparse_asr.data.text import text_to_ids
 
@@ -53,11 +53,9 @@ def _locked(directory: Path):
     """Serialise preparations sharing a data dir (several test runs may start at once)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / ".an4.lock"
-    try:  # never through a symlink planted in a shared data directory, never truncating what is there
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        fd = open_no_follow(path)
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise An4Error(f"{path} is a symbolic link; refusing to follow it (remove it)") from None
         raise An4Error(f"cannot open the lock file {path}: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from sparse_asr.fileio import open_no_follow
 from sparse_asr.training.runtime import cpu_model
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -70,8 +71,7 @@ def summary(record: dict) -> str:
 
 
 def append_provenance(run_dir: Path, record: dict) -> None:
-    nofollow = lambda path, flags: os.open(path, flags | os.O_NOFOLLOW, 0o666)  # noqa: E731
-    with open(Path(run_dir) / "provenance.jsonl", "a", opener=nofollow) as f:
+    with open(Path(run_dir) / "provenance.jsonl", "a", opener=open_no_follow) as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())

@@ -11,6 +11,8 @@ import socket
 import time
 from pathlib import Path
 
+from sparse_asr.fileio import open_no_follow
+
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "provenance.jsonl")  # what train.py writes, besides the event files
 EVENT_FILES = "events.out.tfevents.*"
 
@@ -89,12 +91,7 @@ class RunDirLock:
             missing = missing.parent
         while True:
             self.path.parent.mkdir(parents=True, exist_ok=True)  # again after a job that created it removed it
-            try:  # never through a symlink planted in a shared directory, never truncating what is there
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    raise OSError(e.errno, f"{self.path} is a symbolic link; refusing to follow it") from None
-                raise
+            fd = open_no_follow(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
