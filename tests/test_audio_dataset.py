@@ -349,6 +349,24 @@ def test_sampler_resume_matches_tail_of_epoch():
 
 
 @pytest.mark.unit
+def test_sampler_sortagrad_epochs_run_shortest_first():
+    """SortaGrad: epochs below sorted_epochs run the same global batches as a shuffled epoch would (the same
+    dropped remainder), ordered shortest first on every rank and world size; later epochs are shuffled as before."""
+    for world_size in (1, 2, 3):
+        for epoch in (0, 1):
+            sorted_run = rank_batches(DURATIONS, world_size, epoch=epoch, global_batch_size=12, seed=5, sorted_epochs=2)
+            shuffled = rank_batches(DURATIONS, world_size, epoch=epoch, global_batch_size=12, seed=5)
+            merged = lambda per_rank: [sorted(i for r in per_rank for i in r[step]) for step in range(len(per_rank[0]))]
+            assert sorted(merged(sorted_run)) == sorted(merged(shuffled))
+            longest = [DURATIONS[batch].max() for batch in merged(sorted_run)]
+            assert longest == sorted(longest) and merged(sorted_run) != merged(shuffled)
+        assert rank_batches(DURATIONS, world_size, epoch=2, global_batch_size=12, seed=5, sorted_epochs=2) == \
+            rank_batches(DURATIONS, world_size, epoch=2, global_batch_size=12, seed=5)
+    with pytest.raises(ValueError, match="sorted_epochs"):
+        BucketingSampler(DURATIONS, 8, sorted_epochs=-1)
+
+
+@pytest.mark.unit
 def test_sampler_eval_covers_everything_once():
     for world_size in (1, 2, 3, 4):
         per_rank = rank_batches(DURATIONS, world_size, global_batch_size=12, shuffle=False, drop_last=False)

@@ -123,6 +123,10 @@ class BucketingSampler(torch.utils.data.Sampler):
     `global_batch_size` neighbours, shuffle the order of the global batches with a generator seeded
     by (seed, epoch) -- the same on every rank -- and give rank r the r-th contiguous slice of each.
 
+    SortaGrad (DeepSpeech 2, Amodei et al. 2016, section 3.1): epochs below `sorted_epochs` run their global
+    batches shortest first instead of shuffled. Short utterances give CTC small, well-conditioned
+    gradients while the network is still random, which helps it leave the all-blank plateau early.
+
     drop_last=True (training): every rank yields the same number of equal batches. The
     n % global_batch_size utterances left over are dropped; with shuffle they are a different random
     subset each epoch (so no utterance is never trained on), without shuffle the longest ones.
@@ -131,7 +135,7 @@ class BucketingSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, durations, global_batch_size: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, shuffle: bool = True, drop_last: bool = True):
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = True, sorted_epochs: int = 0):
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1} (world_size {world_size})")
         if global_batch_size < 1 or global_batch_size % world_size:
@@ -141,7 +145,9 @@ class BucketingSampler(torch.utils.data.Sampler):
             raise ValueError(f"only {len(self.durations)} utterances: not one full global batch of {global_batch_size} (drop_last=True)")
         self.global_batch_size = global_batch_size
         self.rank, self.world_size = rank, world_size
-        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        if sorted_epochs < 0:
+            raise ValueError(f"sorted_epochs must be >= 0, got {sorted_epochs}")
+        self.seed, self.shuffle, self.drop_last, self.sorted_epochs = seed, shuffle, drop_last, sorted_epochs
         self.epoch, self.start_batch = 0, 0
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
@@ -162,7 +168,7 @@ class BucketingSampler(torch.utils.data.Sampler):
                 keep = np.argsort(self.durations, kind="stable")[: n - n % size]
         order = keep[np.argsort(self.durations[keep], kind="stable")]
         batches = [order[i:i + size] for i in range(0, len(order), size)]
-        if self.shuffle:
+        if self.shuffle and self.epoch >= self.sorted_epochs:
             batches = [batches[j] for j in rng.permutation(len(batches))]
         return batches
 

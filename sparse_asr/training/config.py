@@ -87,6 +87,8 @@ class TrainConfig:
     global_batch_size: typing.Optional[int] = setting(32, lambda v: v is None or v >= 1, "must be >= 1")
     batch_per_rank: typing.Optional[int] = setting(None, lambda v: v is None or v >= 1, "must be >= 1 or null")
     eval_batch_size: int = setting(32, positive, "must be >= 1", resume_safe=True)  # global, for dev/test
+    # SortaGrad (DeepSpeech 2): the first N epochs run their batches shortest utterances first, not shuffled
+    sorted_epochs: int = setting(0, natural, "must be >= 0 (0 = every epoch shuffled)")
     # 0 = never evaluate on dev during training
     eval_every_epochs: int = setting(1, natural, "must be >= 0", resume_safe=True)
     log_every_steps: int = setting(10, positive, "must be >= 1", resume_safe=True)

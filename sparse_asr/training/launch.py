@@ -166,7 +166,7 @@ def ctc_unalignable(dataset: SpeechDataset, model: torch.nn.Module) -> list[str]
 
 def make_sampler(cfg: Config, comm, train: SpeechDataset) -> BucketingSampler:
     return BucketingSampler(train.durations, cfg.train.global_batch_size, comm.rank, comm.size, seed=cfg.seed,
-                            shuffle=True, drop_last=True)
+                            shuffle=True, drop_last=True, sorted_epochs=cfg.train.sorted_epochs)
 
 
 def configured_warmup(cfg: Config, sampler: BucketingSampler) -> int:
