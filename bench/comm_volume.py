@@ -48,7 +48,7 @@ import torch
 import yaml
 
 from sparse_asr.comm import Communicator
-from sparse_asr.compression import COMPRESSORS, build_compressor, parse_options
+from sparse_asr.compression import COMPRESSORS, build_compressor
 from sparse_asr.models import model_with_numel
 
 LAYERS = 40
@@ -171,7 +171,7 @@ def main():
     options = {key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in args.options)}
     for name in algorithms:
         try:
-            parse_options(name, COMPRESSORS[name].Options, options)
+            COMPRESSORS[name].make_options(options)
         except ValueError as e:
             parser.error(str(e))
     if args.steps < 1 or args.numel < 1:
@@ -187,7 +187,7 @@ def main():
     for name in algorithms:
         mine = measure(comm, name, args.numel, args.density, args.steps, source, shapes, options)
         figures = comm.mean_and_max(mine)
-        cost = COMPRESSORS[name].cost(args.numel, k, P, shapes, parse_options(name, COMPRESSORS[name].Options, options))
+        cost = COMPRESSORS[name].cost(args.numel, k, P, shapes, COMPRESSORS[name].make_options(options))
         records.append({
             "algorithm": name, "P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps,
             "options": options,

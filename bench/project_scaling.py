@@ -67,7 +67,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from sparse_asr.compression import COMPRESSORS, parse_options
+from sparse_asr.compression import COMPRESSORS
 from sparse_asr.models import model_with_numel
 
 ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk", "cltk", "powersgd"]  # table column order
@@ -94,7 +94,7 @@ def closed_form(algorithm: str, P: int, numel: int, density: float, options: dic
         return 0.0, 0.0
     cls = COMPRESSORS[algorithm]
     cost = cls.cost(numel, max(1, round(density * numel)), P, parameter_shapes(numel),
-                    parse_options(algorithm, cls.Options, options or {}))
+                    cls.make_options(options))
     return cost.typical * WORD, float(cost.messages)
 
 
@@ -397,7 +397,7 @@ def parse_algorithm_options(items: list[str]) -> dict[str, dict]:
         out.setdefault(name, {})[key] = yaml.safe_load(value)
     for name, options in out.items():
         try:
-            parse_options(name, COMPRESSORS[name].Options, options)
+            COMPRESSORS[name].make_options(options)
         except ValueError as e:
             raise SystemExit(f"project_scaling: --options: {e}") from None
     return out

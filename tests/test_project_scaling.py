@@ -135,7 +135,7 @@ def test_powersgd_volume_follows_lstman4_shapes_and_rank_not_density(rank):
 
 
 @pytest.mark.parametrize("item, message", [
-    ("powersgd.rank=4", "unknown option compression.options.rank for algorithm 'powersgd'"),
+    ("powersgd.rank=4", "algorithm 'powersgd': unknown key 'compression.options.rank'"),
     ("powersgd.matrix_approximation_rank=0", "matrix_approximation_rank must be >= 1"),
     ("matrix_approximation_rank=4", "expected ALGO.KEY=VALUE"),
 ])

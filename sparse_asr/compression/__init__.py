@@ -1,7 +1,7 @@
 """Registry of gradient compressors by config name. Adding an algorithm: its own file, one line here,
 and its reference in tests/reference.py (see README, "Adding a compressor")."""
 from sparse_asr.compression.base import (Compressor, CompressorWrapper, Cost, ErrorFeedback, SparseCompressor,
-                                         SparseUpdate, StepStats, parse_options)
+                                         SparseUpdate, StepStats)
 from sparse_asr.compression.cltk import CLTk
 from sparse_asr.compression.dense import DenseAllreduce, DenseVectors, DenseWarmup
 from sparse_asr.compression.gaussiank import Gaussiank
@@ -37,4 +37,4 @@ def build_compressor(name: str, comm, numel: int, density: float = 1.0, device="
 
 
 __all__ = ["COMPRESSORS", "Compressor", "CompressorWrapper", "Cost", "DenseVectors", "DenseWarmup", "ErrorFeedback",
-           "SparseCompressor", "SparseUpdate", "StepStats", "build_compressor", "parse_options", "warmup_steps"]
+           "SparseCompressor", "SparseUpdate", "StepStats", "build_compressor", "warmup_steps"]

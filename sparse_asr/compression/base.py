@@ -7,8 +7,8 @@ A compressor turns each rank's flat gradient into the averaged global update, in
 Every compressor has the same constructor, `Cls(comm, numel, density, device=..., shapes=..., **options)`:
 `shapes` are the parameters' shapes in flat-buffer order (only algorithms that work per tensor look at
 them) and `options` are the algorithm's own settings (compression.options.* in a config), declared as the
-fields of its `Options` dataclass and validated once, by `parse_options`, for the constructor and the
-config loader alike. Each algorithm also states its closed-form volume (`cost`), which the benchmarks
+fields of its `Options` dataclass with the same `setting(default, rule, must)` as the rest of the config and
+checked by the same checker (sparse_asr/settings.py), for the constructor and the config loader alike. Each algorithm also states its closed-form volume (`cost`), which the benchmarks
 and the tests use.
 
 Sparse algorithms only implement `exchange(acc)`: given the accumulated gradient
@@ -24,7 +24,6 @@ parameters) put dense allreduce beside another compressor and delegate the rest 
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 import typing
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sparse_asr.comm.communicator import CommCounts, Communicator
+from sparse_asr.settings import build
 
 
 @dataclass(frozen=True)  # built once per step by the compressor; never edited afterwards
@@ -78,36 +78,14 @@ class Cost:
 
 @dataclass(frozen=True)
 class NoOptions:
-    def check(self, name: str) -> None:
-        pass
-
-
-def parse_options(name: str, options_cls, raw: dict):
-    """`raw` (compression.options) as an instance of the algorithm's Options dataclass: unknown keys,
-    wrong types and bad values raise ValueError naming compression.options.<key>."""
-    fields = {f.name: f for f in dataclasses.fields(options_cls)}
-    hints = typing.get_type_hints(options_cls)
-    values = {}
-    for key, value in raw.items():
-        if key not in fields:
-            raise ValueError(f"unknown option compression.options.{key} for algorithm {name!r}; "
-                             f"its options: {', '.join(sorted(fields)) or 'none'}")
-        hint = hints[key]
-        if hint is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, hint) or (hint is not bool and isinstance(value, bool)):
-            raise ValueError(f"compression.options.{key} of {name!r} must be {hint.__name__}, got {value!r}")
-        values[key] = value
-    options = options_cls(**values)
-    options.check(name)
-    return options
+    pass
 
 
 class Compressor:
     """Base of every algorithm. `name` is the registry key (see compression/__init__.py)."""
 
     name = "base"
-    Options = NoOptions  # the algorithm's own settings: a frozen dataclass with defaults and check(name)
+    Options = NoOptions  # the algorithm's own settings: a frozen dataclass of setting(...) fields (settings.py)
     uses_density = True  # False: what it sends does not depend on compression.density (dense, PowerSGD)
 
     def __init__(self, comm: Communicator, numel: int, density: float = 1.0, device: str | torch.device = "cpu",
@@ -123,7 +101,13 @@ class Compressor:
         if sum(s.numel() for s in self.shapes) != numel:
             raise ValueError(f"{self.name}: parameter shapes hold {sum(s.numel() for s in self.shapes)} "
                              f"entries, the gradient has {numel}")
-        self.options = parse_options(self.name, self.Options, options)
+        self.options = self.make_options(options)
+
+    @classmethod
+    def make_options(cls, raw: dict | None = None):
+        """compression.options (a mapping; None = the defaults) as this algorithm's checked Options; a bad key or
+        value is a ConfigError naming compression.options.<key> and the algorithm."""
+        return build(cls.Options, raw or {}, "compression.options.", where=lambda key: f"algorithm {cls.name!r}")
 
     @staticmethod
     def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:

@@ -20,18 +20,13 @@ from statistics import NormalDist
 import torch
 
 from sparse_asr.compression.base import Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, sum_pairs, unpack_pairs
+from sparse_asr.settings import natural, setting
 
 
 @dataclass(frozen=True)
 class GaussiankOptions:
-    tolerance: float = 2.0  # a count in [k / tolerance, k * tolerance] is accepted
-    max_adjust: int = 4  # threshold corrections at most per step
-
-    def check(self, name: str) -> None:
-        if self.tolerance < 1.0:
-            raise ValueError(f"{name}: compression.options.tolerance must be >= 1, got {self.tolerance}")
-        if self.max_adjust < 0:
-            raise ValueError(f"{name}: compression.options.max_adjust must be >= 0, got {self.max_adjust}")
+    tolerance: float = setting(2.0, lambda v: v >= 1, "must be >= 1")  # a count in [k / tolerance, k * tolerance] is accepted
+    max_adjust: int = setting(4, natural, "must be >= 0")  # threshold corrections at most per step
 
 
 class Gaussiank(SparseCompressor):

@@ -60,6 +60,7 @@ import torch
 from sparse_asr.compression.base import Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
 from sparse_asr.compression.selection import (intersect_unique, kth_largest_magnitude_radix, threshold_indices,
                                               threshold_select, topk_indices, topk_threshold_select)
+from sparse_asr.settings import between, positive, setting, tie
 
 # Repartition histogram: about 4 selected entries per rank per bin, at most 1024 bins (its
 # allreduce then costs ~2% of the pairs' volume at k = 500, far less for real models).
@@ -196,40 +197,29 @@ def reblock_moves(counts: list[int], shares: list[int]) -> list[tuple[int, int, 
 
 @dataclass(frozen=True)
 class OkTopkOptions:
-    local_threshold_interval: int = 32  # exact local threshold every N steps (reused in between)
-    global_threshold_interval: int = 32  # exact global threshold every N steps
-    repartition_interval: int = 64  # regions rebalanced every N steps
-    count_gain: float = 0.5  # share of the estimated threshold error corrected per step (CountController)
-    drift_gain: float = 0.3  # weight of the latest step in the controller's drift estimate
-    rebalance: bool = True  # re-cut the selected pairs to equal shares before the allgatherv (P > 2)
+    # exact local / global threshold every N steps (reused in between); regions rebalanced every N steps
+    local_threshold_interval: int = setting(32, positive, "must be a positive integer")
+    global_threshold_interval: int = setting(32, positive, "must be a positive integer")
+    repartition_interval: int = setting(64, positive, "must be a positive integer")
+    # share of the estimated threshold error corrected per step (CountController)
+    count_gain: float = setting(0.5, between(0, 1), "must be in [0, 1]")
+    # weight of the latest step in the controller's drift estimate
+    drift_gain: float = setting(0.3, between(0, 1), "must be in [0, 1]")
+    rebalance: bool = setting(True)  # re-cut the selected pairs to equal shares before the allgatherv (P > 2)
     # Each rank selects local_factor x k entries locally (the global step still keeps k): more of every
     # rank's values reach the owners, so a globally selected entry carries more ranks' contributions
     # (issue 20's remedy (a)); the reduce then moves local_factor times the pairs.
-    local_factor: float = 1.0
+    local_factor: float = setting(1.0, between(1, 64), "must be in [1, 64]")
     # After the global selection G, every rank contributes its acc at every index of G (one allreduce of the
     # k values) instead of only at its own local picks: an applied entry carries all P ranks' values and
     # leaves every rank's residual, as in the oracle; only G is Ok-Topk's (issue 20's remedy (d)).
-    complete_values: bool = False
+    complete_values: bool = setting(False)
     # With complete_values: the global selection keeps candidate_factor x k entries, their complete sums are
     # allreduced, and the k largest of those are applied (the rest stay in the residuals): the complete
     # values re-rank the candidates that the owners' partial sums chose (issue 20's remedy (e)).
-    candidate_factor: float = 1.0
-
-    def check(self, name: str) -> None:
-        for key in ("local_threshold_interval", "global_threshold_interval", "repartition_interval"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{name}: compression.options.{key} must be a positive integer, got {getattr(self, key)!r}")
-        for key in ("count_gain", "drift_gain"):
-            if not 0.0 <= getattr(self, key) <= 1.0:
-                raise ValueError(f"{name}: compression.options.{key} must be in [0, 1], got {getattr(self, key)!r}")
-        if not 1.0 <= self.local_factor <= 64.0:
-            raise ValueError(f"{name}: compression.options.local_factor must be in [1, 64], got {self.local_factor!r}")
-        if not 1.0 <= self.candidate_factor <= 64.0:
-            raise ValueError(f"{name}: compression.options.candidate_factor must be in [1, 64], "
-                             f"got {self.candidate_factor!r}")
-        if self.candidate_factor != 1.0 and not self.complete_values:
-            raise ValueError(f"{name}: compression.options.candidate_factor needs complete_values=true "
-                             "(the candidates are re-ranked by their complete sums)")
+    candidate_factor: float = setting(1.0, between(1, 64), "must be in [1, 64]")
+    TIES = (tie("candidate_factor", lambda o: o.candidate_factor == 1.0 or o.complete_values,
+                "needs complete_values=true (the candidates are re-ranked by their complete sums)"),)
 
 
 class OkTopk(SparseCompressor):

@@ -45,30 +45,21 @@ import numpy as np
 import torch
 
 from sparse_asr.compression.base import Compressor, Cost, ErrorFeedback, StepStats
+from sparse_asr.settings import natural, positive, setting
 
 
 @dataclass(frozen=True)
 class PowerSGDOptions:
-    matrix_approximation_rank: int = 1  # r (PyTorch's default 1; the hook's docs suggest 1, 2, 4, ...)
-    min_compression_rate: float = 2.0  # a matrix is compressed only if that divides its entries by more
-    use_error_feedback: bool = True
-    warm_start: bool = True  # reuse last step's Q instead of a fresh random one
-    orthogonalization_epsilon: float = 0.0  # added to column norms in Gram-Schmidt
-    random_seed: int = 0
-    torch_compatible: bool = False  # the hook's draws of Q and its error on uncompressed tensors (module docstring)
-
-    def check(self, name: str) -> None:
-        if self.matrix_approximation_rank < 1:
-            raise ValueError(f"{name}: compression.options.matrix_approximation_rank must be >= 1, "
-                             f"got {self.matrix_approximation_rank}")
-        if self.min_compression_rate < 0:
-            raise ValueError(f"{name}: compression.options.min_compression_rate must be >= 0, "
-                             f"got {self.min_compression_rate}")
-        if self.orthogonalization_epsilon < 0:
-            raise ValueError(f"{name}: compression.options.orthogonalization_epsilon must be >= 0, "
-                             f"got {self.orthogonalization_epsilon}")
-        if not 0 <= self.random_seed < 2**32:
-            raise ValueError(f"{name}: compression.options.random_seed must be in [0, 2**32), got {self.random_seed}")
+    # r (PyTorch's default 1; the hook's docs suggest 1, 2, 4, ...)
+    matrix_approximation_rank: int = setting(1, positive, "must be >= 1")
+    # a matrix is compressed only if that divides its entries by more
+    min_compression_rate: float = setting(2.0, natural, "must be >= 0")
+    use_error_feedback: bool = setting(True)
+    warm_start: bool = setting(True)  # reuse last step's Q instead of a fresh random one
+    orthogonalization_epsilon: float = setting(0.0, natural, "must be >= 0")  # added to column norms in Gram-Schmidt
+    random_seed: int = setting(0, lambda v: 0 <= v < 2**32, "must be in [0, 2**32)")
+    # the hook's draws of Q and its error on uncompressed tensors (module docstring)
+    torch_compatible: bool = setting(False)
 
 
 @dataclass(frozen=True)

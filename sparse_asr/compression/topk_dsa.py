@@ -26,15 +26,13 @@ import torch
 from sparse_asr.compression.base import (Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, pair_bytes, sum_pairs,
                                          unpack_pairs)
 from sparse_asr.compression.selection import topk_indices
+from sparse_asr.settings import setting
 
 
 @dataclass(frozen=True)
 class TopkDSAOptions:
-    dense_switch: float = 1 / 3  # a region whose union fills more than this fraction is sent dense
-
-    def check(self, name: str) -> None:
-        if not 0.0 < self.dense_switch <= 1.0:
-            raise ValueError(f"{name}: compression.options.dense_switch must be in (0, 1], got {self.dense_switch}")
+    # a region whose union fills more than this fraction is sent dense
+    dense_switch: float = setting(1 / 3, lambda v: 0 < v <= 1, "must be in (0, 1]")
 
 
 class TopkDSA(SparseCompressor):

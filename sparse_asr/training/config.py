@@ -15,35 +15,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import math
-
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
-
-class ConfigError(ValueError):
-    pass
-
-
-def setting(default=None, rule=None, must: str = "", resume_safe: bool = False, factory=None):
-    """A config field with its rule beside it: `rule(value)` must hold (`must` says what, in the error), and
-    `resume_safe` marks the keys a resumed run may change: how a run is watched, where it runs and how long it
-    goes on, never what it computes step by step (training/resume.py)."""
-    metadata = {"rule": rule, "must": must, "resume_safe": resume_safe}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def positive(v) -> bool:
-    return v >= 1
-
-
-def natural(v) -> bool:
-    return v >= 0
+from sparse_asr.settings import ConfigError, build, fields, natural, positive, setting, tie
 
 
 @dataclass
@@ -76,6 +54,8 @@ class DataConfig:
     time_masks: int = setting(0, natural, "must be >= 0 (0 = off)")
     time_mask_width: int = setting(25, positive, "must be >= 1")
     time_mask_max_fraction: float = setting(0.1, lambda v: 0 < v <= 1, "must be in (0, 1]")
+    TIES = (tie("cache_features", lambda d: not (d.cache_features and d.num_workers),
+                "needs data.num_workers=0 (each worker process would hold its own cache, lost with it)"),)
 
 
 @dataclass
@@ -128,6 +108,7 @@ class OptimConfig:
     lr_warmup_steps: int = setting(100, natural, "must be >= 0")
     # learning rate divided by this after every epoch (1.0 = constant)
     lr_anneal: float = setting(1.1, lambda v: v >= 1.0, "must be >= 1.0")
+    TIES = (tie("nesterov", lambda o: not o.nesterov or o.momentum > 0, "needs optim.momentum > 0"),)
 
 
 @dataclass
@@ -160,7 +141,8 @@ class DistributedConfig:
 
 @dataclass
 class Config:
-    name: str = ""  # run name; "" = <model>-<algorithm>-d<density>-p<P>-<YYYYmmdd-HHMMSS>
+    # run name; "" = <model>-<algorithm>-d<density>-p<P>-<YYYYmmdd-HHMMSS>
+    name: str = setting("", lambda v: "/" not in v and v not in (".", ".."), "must be a plain directory name")
     seed: int = setting(1, lambda v: 0 <= v < 2**32, "must be in [0, 4294967295] (the range numpy and torch seed from)")
     out_dir: str = "runs"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -210,9 +192,9 @@ def build_config(raw: dict, overrides: typing.Sequence[str] = (), source: str = 
                 return file
         return source
 
-    cfg = _build(Config, raw, "", where)
-    cfg = _one_batch_size(cfg, raw, where)
-    _check_values(cfg, where)
+    cfg = _one_batch_size(build(Config, raw, "", where), raw, where)
+    _check_model(cfg.model.name, where)
+    _check_compression(cfg.compression, where)
     return cfg
 
 
@@ -302,88 +284,9 @@ def _one_batch_size(cfg: Config, raw: dict, where) -> Config:
     return dataclasses.replace(cfg, train=dataclasses.replace(t, global_batch_size=None))
 
 
-def _build(cls, raw, prefix: str, where):
-    if not isinstance(raw, dict):
-        section = prefix[:-1] or "config"
-        raise ConfigError(f"{where(section)}: {section} must be a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key in raw:
-        if key not in names:
-            raise ConfigError(f"{where(prefix + str(key))}: unknown key {prefix + str(key)!r}; "
-                              f"known keys here: {', '.join(sorted(names))}")
-    values = {}
-    for key, value in raw.items():
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            values[key] = _build(hint, value, f"{prefix}{key}.", where)
-        else:
-            values[key] = _coerce(value, hint, prefix + key, where)
-    return cls(**values)
-
-
-def _coerce(value, hint, key: str, where):
-    """Check `value` against a field's type; ints are accepted for floats, and '1e-4' strings too
-    (PyYAML reads 1e-4 without a dot as a string)."""
-    options = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)
-    for t in options:
-        if t is type(None) and value is None:
-            return None
-        if t is bool and isinstance(value, bool):
-            return value
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if t is float and isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if t is str and isinstance(value, str):
-            return value
-        if t is dict and isinstance(value, dict):
-            return dict(value)
-    wanted = " or ".join("null" if t is type(None) else t.__name__ for t in options)
-    raise ConfigError(f"{where(key)}: {key} must be {wanted}, got {value!r}")
-
-
-def _check_values(cfg: Config, where) -> None:
-    """Every field's own rule (beside it, in its `setting`), finite floats everywhere, then the rules that
-    tie fields together."""
-    def fail(key: str, message: str):
-        raise ConfigError(f"{where(key)}: {key} {message}, got {_get_dotted(cfg, key)!r}")
-
-    for key, f, value in _fields(cfg):
-        if isinstance(value, float) and not math.isfinite(value):
-            fail(key, "must be a finite number")
-        rule = f.metadata.get("rule")
-        if rule is not None and not rule(value):
-            fail(key, f.metadata["must"])
-    if "/" in cfg.name or cfg.name in (".", ".."):
-        fail("name", "must be a plain directory name")
-    if cfg.optim.nesterov and cfg.optim.momentum <= 0:
-        fail("optim.nesterov", "needs optim.momentum > 0")
-    if cfg.data.cache_features and cfg.data.num_workers:
-        fail("data.cache_features", "needs data.num_workers=0 (each worker process would hold its own cache, lost "
-                                    "with it)")
-    _check_model(cfg.model.name, where)
-    _check_compression(cfg.compression, where)
-
-
-def _fields(node, prefix: str = ""):
-    """(dotted key, dataclass field, value) of every setting of a config, sections descended."""
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from _fields(value, f"{prefix}{f.name}.")
-        else:
-            yield prefix + f.name, f, value
-
-
 def resume_safe_keys() -> tuple[str, ...]:
     """The dotted keys a resumed run may change (their settings say resume_safe)."""
-    return tuple(key for key, f, _ in _fields(Config()) if f.metadata.get("resume_safe"))
+    return tuple(key for key, f, _ in fields(Config()) if f.metadata.get("resume_safe"))
 
 
 def _check_model(name: str, where) -> None:
@@ -394,25 +297,14 @@ def _check_model(name: str, where) -> None:
 
 
 def _check_compression(c: CompressionConfig, where) -> None:
-    """The algorithm must be registered; its options are validated by the algorithm's own Options."""
-    from sparse_asr.compression import COMPRESSORS, parse_options
+    """The algorithm must be registered; its options are the settings of its Options, checked like the rest."""
+    from sparse_asr.compression import COMPRESSORS
 
     if c.algorithm not in COMPRESSORS:
         raise ConfigError(f"{where('compression.algorithm')}: compression.algorithm {c.algorithm!r} is unknown; "
                           f"known: {sorted(COMPRESSORS)}")
-    try:
-        parse_options(c.algorithm, COMPRESSORS[c.algorithm].Options, c.options)
-    except ValueError as e:
-        key = next((f"compression.options.{k}" for k in c.options if f"compression.options.{k}" in str(e)),
-                   "compression.options")
-        raise ConfigError(f"{where(key)}: {e}") from None
-
-
-def _get_dotted(cfg, key: str):
-    node = cfg
-    for part in key.split("."):
-        node = getattr(node, part)
-    return node
+    build(COMPRESSORS[c.algorithm].Options, c.options, "compression.options.",
+          lambda key: f"{where(key)} (options of {c.algorithm!r})")
 
 
 # ---------------------------------------------------------------------------------------- run time
