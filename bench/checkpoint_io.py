@@ -37,7 +37,7 @@ from sparse_asr.models import build_model
 from sparse_asr.training.checkpoint import (Progress, RankState, TrainingState, load_training_state, point_link,
                                             rng_state, save_training_state)
 from sparse_asr.training.config import load_config, to_dict
-from sparse_asr.training.optim import build_optimizer
+from sparse_asr.training.optim import SGDStep
 from sparse_asr.training.runtime import run_or_abort
 
 
@@ -45,7 +45,7 @@ def training_state(comm, model_name: str, density: float) -> TrainingState:
     torch.manual_seed(0)
     model = build_model(model_name)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, load_config(None).optim)
+    optimizer = SGDStep(params, load_config(None).optim).optimizer
     for p in params:  # the momentum buffers an SGD step would have made
         optimizer.state[p]["momentum_buffer"] = torch.randn_like(p)
     numel = sum(p.numel() for p in params)
@@ -54,7 +54,7 @@ def training_state(comm, model_name: str, density: float) -> TrainingState:
     compressor.residual.normal_()
     buffers = {k: v.clone() for k, v in model.named_buffers() if v.is_floating_point()}
     mine = RankState(compressor=compressor.state_dict(), rng=rng_state(), buffers=buffers,
-                     cum_bytes_recv=0.0, epoch_window={"sums": {}, "counts": {}, "steps": 0})
+                     meter={"cum_bytes_recv": 0.0, "epoch_window": {"sums": {}, "counts": {}, "steps": 0}})
     config = to_dict(load_config(None, [f"model.name={model_name}", "compression.algorithm=oktopk"]))
     return TrainingState(config=config, model=model.state_dict(), optimizer=optimizer.state_dict(),
                          progress=Progress(step=1), mine=mine, extra={"warmup_steps": 0, "metrics_rows": 0})
@@ -153,7 +153,7 @@ def measure(args, comm, out: Path) -> None:
     P = comm.size
     sharded_dir, gathered_file = out / "checkpoints", out / "gathered" / "last.pt"
     state = training_state(comm, args.model, args.density)
-    numel = state.mine.compressor["residual"].numel()
+    numel = state.mine.compressor["memory"]["residual"].numel()
 
     # Sharded first and alone, for rank 0's peak memory; then both kinds alternating, for the times.
     times = {"sharded save": [], "sharded load": [], "gathered save": [], "gathered load": []}

@@ -84,7 +84,7 @@ from sparse_asr.models import build_model
 from sparse_asr.training.loss import batch_loss
 from sparse_asr.training.checkpoint import load_shared
 from sparse_asr.training.config import load_config
-from sparse_asr.training.optim import (attach_flat_grad, build_optimizer, clip_grad_norm_, learning_rate,
+from sparse_asr.training.optim import (SGDStep, attach_flat_grad, clip_grad_norm_, learning_rate,
                                        set_learning_rate)
 from sparse_asr.training.runtime import cpu_model
 
@@ -401,7 +401,7 @@ def run_bench(cfg, s: Settings, log=print, start: dict | None = None) -> tuple[p
     model = build_model(cfg.model.name)  # the trajectory: parameters and optimizer only (replicas do forwards)
     params = list(model.parameters())
     flat_grad = attach_flat_grad(params)
-    optimizer = build_optimizer(params, cfg.optim)
+    optimizer = SGDStep(params, cfg.optim).optimizer
     start_step, start_epoch = start_from(start, model, optimizer, log) if start is not None else (0, 0)
     numel, shapes = flat_grad.numel(), [p.shape for p in params]
     dataset = load_training_set(cfg)

@@ -36,9 +36,10 @@ def make_state(step: int, config: dict | None = None, seed: int = 0) -> Training
         model={"w": torch.randn(50, 20, generator=g), "bn.running_mean": torch.randn(20, generator=g)},
         optimizer={"state": {0: {"momentum_buffer": torch.randn(50, 20, generator=g)}}, "param_groups": []},
         progress=Progress(step=step, epoch=step // 4, batch_in_epoch=step % 4),
-        mine=RankState(compressor={"residual": torch.randn(1000, generator=g), "boundaries": [0, 1000]},
+        mine=RankState(compressor={"memory": {"residual": torch.randn(1000, generator=g)}, "boundaries": [0, 1000]},
                        rng=rng_state(), buffers={"bn.running_mean": torch.randn(20, generator=g)},
-                       cum_bytes_recv=123.0 * step, epoch_window={"sums": {"loss": 1.5}, "counts": {"loss": 1}, "steps": 1}),
+                       meter={"cum_bytes_recv": 123.0 * step,
+                              "epoch_window": {"sums": {"loss": 1.5}, "counts": {"loss": 1}, "steps": 1}}),
         extra={"warmup_steps": 2, "metrics_rows": 3 * step})
 
 
@@ -75,7 +76,7 @@ def test_round_trip_and_manifest(tmp_path):
     assert loaded.progress == state.progress and loaded.extra == state.extra and loaded.config == state.config
     assert_same(loaded.mine.compressor, state.mine.compressor)
     assert_same(loaded.mine.buffers, state.mine.buffers)
-    assert loaded.mine.cum_bytes_recv == 738.0 and loaded.mine.epoch_window == state.mine.epoch_window
+    assert loaded.mine.meter == state.mine.meter and loaded.mine.meter["cum_bytes_recv"] == 738.0
     manifest2, shared = load_shared(directory)  # what evaluate.py reads: the shared file only
     assert manifest2 == manifest and torch.equal(shared["model"]["w"], state.model["w"])
 
@@ -135,11 +136,12 @@ def test_a_checkpoint_that_would_run_code_is_refused_unopened(tmp_path, name):
 @pytest.mark.unit
 def test_an_older_format_is_refused_with_its_version(tmp_path):
     directory = save_training_state(Communicator(), tmp_path / "checkpoints", make_state(1))
-    manifest = {**json.loads((directory / MANIFEST).read_text()), "format_version": 3}
-    manifest["index_sha256"] = index_digest(manifest)
-    (directory / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match="checkpoint format 3 is older than this code's 4 and holds pickled"):
-        load_shared(directory)
+    for version, why in ((3, "holds pickled"), (4, "keeps the ranks' states in another layout")):
+        manifest = {**json.loads((directory / MANIFEST).read_text()), "format_version": version}
+        manifest["index_sha256"] = index_digest(manifest)
+        (directory / MANIFEST).write_text(json.dumps(manifest))
+        with pytest.raises(CheckpointError, match=f"checkpoint format {version} is older than this code's 5 and {why}"):
+            load_shared(directory)
 
 
 @pytest.mark.parametrize("name", ["shared.pt", "rank0.pt"])
@@ -241,8 +243,8 @@ def test_a_compressor_state_that_does_not_fit_is_named():
         check_state_fits("compressor", oktopk, dense)
     with pytest.raises(CheckpointError, match=r"missing inner\.boundaries, inner\.global_drift, .*inner\.sparse_steps"):
         check_state_fits("compressor", oktopk, {"warmup_taken": 2, "inner": topka})
-    with pytest.raises(CheckpointError, match=r"residual has shape \(999,\), this run's has \(1000,\)"):
-        check_state_fits("compressor", topka, {"residual": torch.zeros(999)})
+    with pytest.raises(CheckpointError, match=r"memory\.residual has shape \(999,\), this run's has \(1000,\)"):
+        check_state_fits("compressor", topka, {"memory": {"residual": torch.zeros(999)}})
     check_state_fits("compressor", oktopk, build_compressor("oktopk", comm, 1000, 0.01, warmup=2).state_dict())
 
 
@@ -366,7 +368,7 @@ def test_a_checkpoint_that_does_not_fit_the_trainer_is_refused(an4_manifests, tm
     dense, oktopk = trainer("dense", "dense"), trainer("ok", "oktopk")
     with pytest.raises(CheckpointError, match="compressor state does not fit this run: missing boundaries, "
                                               "global_drift, global_ideal, global_threshold, local_drift, "
-                                              "local_ideal, local_threshold, residual, sparse_steps"):
+                                              "local_ideal, local_threshold, memory, sparse_steps"):
         check_fits(dense.training_state(), oktopk.model, oktopk.compressor, "dense")
     # warmup_steps 'auto' (5% of the run's steps) is fixed when a run starts: 1 epoch of 4 steps = none.
     # Resumed with 40 epochs it stays none, and the state fits (160 steps would make it 8).

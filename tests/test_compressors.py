@@ -20,6 +20,8 @@ def test_compressors_match_reference(nprocs):
     for name in COMPRESSORS:
         assert f"ok {name} " in out, out
     assert f"ok dense_1d oktopk P={nprocs}" in out and f"ok dense_1d topka P={nprocs}" in out, out
+    for what in ("dgc topka", "dgc oktopk", "dgc density 1"):  # DGC's memory: its mirror and dense momentum SGD
+        assert f"ok {what} P={nprocs}" in out, out
 
 
 @pytest.mark.unit
@@ -89,3 +91,36 @@ def test_gaussian_quantile_matches_the_stdlib():
     for density in (0.5, 0.02, 0.001):
         z = ref.normal_two_sided_quantile(density)
         assert math.isclose(z, NormalDist().inv_cdf(1 - density / 2), rel_tol=1e-9)
+
+
+@pytest.mark.unit
+def test_a_memory_needs_a_selection_and_dgc_no_dense_steps():
+    from sparse_asr.comm import Communicator
+    from sparse_asr.compression import MomentumCorrection
+
+    comm = Communicator()
+    dgc = MomentumCorrection(100, torch.device("cpu"), 0.9)
+    with pytest.raises(ValueError, match="powersgd is not a selection"):
+        build_compressor("powersgd", comm, 100, 0.1, memory=dgc)
+    with pytest.raises(ValueError, match="compression.warmup_steps=3"):
+        build_compressor("topka", comm, 100, 0.1, warmup=3, memory=dgc)
+    with pytest.raises(ValueError, match="memory holds 100 entries, the gradient has 101"):
+        build_compressor("topka", comm, 101, 0.1, memory=dgc)
+    assert build_compressor("topka", comm, 100, 0.1, memory=dgc, density_warmup_epochs=2).carries_momentum
+
+
+@pytest.mark.unit
+def test_density_warmup_follows_dgc_schedule_and_sets_k_each_epoch():
+    """DGC's warm-up (paper: 25%, 6.25%, 1.5625%, 0.4%, then 0.1%) and the compressor's k following it."""
+    from sparse_asr.comm import Communicator
+    from sparse_asr.compression import warmup_density
+
+    assert [round(warmup_density(0.001, 4, e), 5) for e in range(6)] == [0.25119, 0.0631, 0.01585, 0.00398, 0.001, 0.001]
+    assert warmup_density(0.02, 0, 0) == 0.02
+    for name in ("oktopk", "topka", "gaussiank"):
+        comp = build_compressor(name, Communicator(), 10_000, 0.001, density_warmup_epochs=4, warmup=2)
+        for epoch, k in enumerate([2512, 631, 158, 40, 10, 10]):
+            comp.start_epoch(epoch)
+            assert comp.inner.inner.k == k, (name, epoch, comp.inner.inner.k)
+        if name == "oktopk":
+            assert comp.inner.inner.k_local == comp.inner.inner.k_global == 10

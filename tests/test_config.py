@@ -345,3 +345,20 @@ def test_check_config_command(tmp_path, capsys):
     runs.write_text("x name=a\n")
     assert check_config.main(["--config", config, "--runs", str(runs)]) == 2
     assert "--runs line 1: expected 'RANKS key=value ...'" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_dgc_memory_is_refused_where_it_cannot_work():
+    """compression.memory=dgc needs a selection and no dense steps (they would skip the momentum it carries)."""
+    dgc = ["compression.memory=dgc", "compression.algorithm=topka"]
+    assert load_config(None, dgc + ["compression.warmup_steps=0"]).compression.memory == "dgc"
+    with pytest.raises(ConfigError, match=r"override 'compression\.memory=dgc'.*needs compression\.warmup_steps=0"):
+        load_config(None, dgc)  # the default warm-up is 'auto'
+    with pytest.raises(ConfigError, match=r"compression\.dense_1d=false"):
+        load_config(None, dgc + ["compression.warmup_steps=0", "compression.dense_1d=true"])
+    with pytest.raises(ConfigError, match=r"compression\.memory=dgc needs a selection .* not 'powersgd'"):
+        load_config(None, ["compression.memory=dgc", "compression.algorithm=powersgd", "compression.warmup_steps=0"])
+    with pytest.raises(ConfigError, match=r"compression\.memory must be residual or dgc, got 'momentum'"):
+        load_config(None, ["compression.memory=momentum"])
+    with pytest.raises(ConfigError, match=r"compression\.density_warmup_epochs must be >= 0"):
+        load_config(None, ["compression.density_warmup_epochs=-1"])

@@ -31,7 +31,7 @@ def test_resume_after_a_mid_epoch_crash_is_exact_on_two_ranks(an4_manifests, tmp
     statistics equal the uninterrupted run's; a corrupted shard is refused. Then the 2-rank checkpoint
     resumed by 1 rank is refused before anything in the run directory changes."""
     out = check_mpi(2, ["-m", "tests.mpi.train_resume", str(an4_manifests), str(tmp_path), "oktopk"])
-    assert "oktopk: P=2 resume after a mid-epoch crash == uninterrupted over 8 steps" in out, out
+    assert "oktopk residual: P=2 resume after a mid-epoch crash == uninterrupted over 8 steps" in out, out
     assert "P=2: a flipped byte in rank1.pt is refused on every rank; run directory unchanged" in out, out
 
     from sparse_asr.training.checkpoint import CheckpointError
@@ -41,6 +41,13 @@ def test_resume_after_a_mid_epoch_crash_is_exact_on_two_ranks(an4_manifests, tmp
     with pytest.raises(CheckpointError, match="written by 2 ranks but this job has 1"):
         run_training([], resume=str(tmp_path / "crashed"), config=None)
     assert tree_digest(tmp_path / "crashed") == before
+
+
+def test_dgc_memory_and_its_density_warmup_resume_exactly_on_three_ranks(an4_manifests, tmp_path):
+    """TopkA with DGC's memory and density warm-up (the paper's setup) on 3 ranks: a mid-epoch crash in the second
+    epoch resumes to the uninterrupted run's momentum, velocity, parameters, losses and density schedule."""
+    out = check_mpi(3, ["-m", "tests.mpi.train_resume", str(an4_manifests), str(tmp_path), "topka", "dgc"])
+    assert "topka dgc: P=3 resume after a mid-epoch crash == uninterrupted over 8 steps" in out, out
 
 
 def test_max_minutes_is_decided_by_rank_0_for_every_rank(an4_manifests, tmp_path):

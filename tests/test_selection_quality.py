@@ -290,7 +290,7 @@ def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifes
     """--checkpoint: the trajectory starts from the run's model and SGD momentum, at its step and epoch (where the
     learning-rate schedule goes on); a checkpoint of another model is refused."""
     from sparse_asr.training.checkpoint import load_shared
-    from sparse_asr.training.optim import attach_flat_grad, build_optimizer
+    from sparse_asr.training.optim import SGDStep, attach_flat_grad
     from tests.mpi.train_common import run_training, tiny_overrides
 
     m = tiny_manifest
@@ -302,7 +302,7 @@ def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifes
     model = build_model(cfg.model.name)
     params = list(model.parameters())
     attach_flat_grad(params)
-    optimizer = build_optimizer(params, cfg.optim)
+    optimizer = SGDStep(params, cfg.optim).optimizer
     step, epoch = sq.start_from(sq.read_start(str(tmp_path / "trained"), cfg), model, optimizer,
                                 log=lambda *a, **k: None)
     assert (step, epoch) == (shared["progress"]["step"], shared["progress"]["epoch"]) and epoch == 2 and step > 0

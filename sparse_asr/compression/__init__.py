@@ -1,9 +1,11 @@
 """Registry of gradient compressors by config name. Adding an algorithm: its own file, one line here,
 and its reference in tests/reference.py (see README, "Adding a compressor")."""
-from sparse_asr.compression.base import (Compressor, CompressorWrapper, Cost, ErrorFeedback, SparseCompressor,
+from sparse_asr.compression.base import (Compressor, CompressorWrapper, Cost, SparseCompressor,
                                          SparseUpdate, StepStats)
 from sparse_asr.compression.cltk import CLTk
+from sparse_asr.compression.memory import MEMORIES, ErrorFeedback, MomentumCorrection
 from sparse_asr.compression.dense import DenseAllreduce, DenseVectors, DenseWarmup
+from sparse_asr.compression.density_warmup import DensityWarmup, warmup_density
 from sparse_asr.compression.gaussiank import Gaussiank
 from sparse_asr.compression.gtopk import GTopk
 from sparse_asr.compression.oktopk import OkTopk
@@ -23,18 +25,38 @@ def warmup_steps(setting: int | str, total_steps: int) -> int:
 
 
 def build_compressor(name: str, comm, numel: int, density: float = 1.0, device="cpu", shapes=None,
-                     warmup: int = 0, dense_1d: bool = False, **options) -> Compressor:
-    """The compressor called `name` (its `options` validated by its Options), with the 1-D parameters (by
-    `shapes`) beside it by dense allreduce if `dense_1d`, behind `warmup` dense steps."""
+                     warmup: int = 0, dense_1d: bool = False, memory=None, density_warmup_epochs: int = 0,
+                     **options) -> Compressor:
+    """The compressor called `name` (its `options` validated by its Options), selecting from `memory` (a
+    compression/memory.py object; None = error feedback), its density reached over `density_warmup_epochs`, with
+    the 1-D parameters (by `shapes`) beside it by dense allreduce if `dense_1d`, behind `warmup` dense steps."""
     if name not in COMPRESSORS:
         raise ValueError(f"unknown compression algorithm {name!r}; known: {', '.join(sorted(COMPRESSORS))}")
-    compressor = COMPRESSORS[name](comm, numel, density, device=device, shapes=shapes, **options)
+    cls = COMPRESSORS[name]
+    if memory is not None and not issubclass(cls, SparseCompressor):
+        raise ValueError(f"compression.memory={memory.name}: {name} is not a selection; a memory needs one that "
+                         f"says which entries each rank sent ({', '.join(sparse_algorithms())})")
+    if memory is not None and memory.carries_momentum and (warmup or dense_1d):
+        raise ValueError(f"compression.memory={memory.name} carries the momentum, which dense steps "
+                         f"(compression.warmup_steps={warmup}, compression.dense_1d={dense_1d}) would skip: set "
+                         f"compression.warmup_steps=0 and dense_1d=false (compression.density_warmup_epochs is "
+                         f"DGC's warm-up)")
+    extra = {"memory": memory} if memory is not None else {}
+    compressor = cls(comm, numel, density, device=device, shapes=shapes, **extra, **options)
     if name == DenseAllreduce.name:
         return compressor
+    if density_warmup_epochs:
+        compressor = DensityWarmup(compressor, density_warmup_epochs)
     if dense_1d:
         compressor = DenseVectors(compressor)
     return DenseWarmup(compressor, warmup) if warmup else compressor
 
 
-__all__ = ["COMPRESSORS", "Compressor", "CompressorWrapper", "Cost", "DenseVectors", "DenseWarmup", "ErrorFeedback",
-           "SparseCompressor", "SparseUpdate", "StepStats", "build_compressor", "warmup_steps"]
+def sparse_algorithms() -> list[str]:
+    """The algorithms that select entries (and so can take any memory)."""
+    return sorted(n for n, cls in COMPRESSORS.items() if issubclass(cls, SparseCompressor))
+
+
+__all__ = ["COMPRESSORS", "MEMORIES", "Compressor", "CompressorWrapper", "Cost", "DensityWarmup", "DenseVectors", "DenseWarmup",
+           "ErrorFeedback", "MomentumCorrection", "SparseCompressor", "SparseUpdate", "StepStats", "build_compressor",
+           "sparse_algorithms", "warmup_density", "warmup_steps"]

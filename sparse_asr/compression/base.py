@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sparse_asr.comm.communicator import CommCounts, Communicator
+from sparse_asr.compression.memory import ErrorFeedback
 from sparse_asr.settings import build
 
 
@@ -94,8 +95,7 @@ class Compressor:
             raise ValueError(f"density must be in (0, 1], got {density}")
         self.comm = comm
         self.numel = numel
-        self.density = density
-        self.k = max(1, int(round(density * numel)))
+        self.density, self.k = density, max(1, int(round(density * numel)))
         self.device = torch.device(device)
         self.shapes = [torch.Size(s) for s in shapes] if shapes is not None else [torch.Size([numel])]
         if sum(s.numel() for s in self.shapes) != numel:
@@ -121,6 +121,20 @@ class Compressor:
     def warmup_steps(self) -> int:
         """Dense steps before this compressor's own (DenseWarmup's count; 0 for a bare compressor)."""
         return 0
+
+    @property
+    def carries_momentum(self) -> bool:
+        """True when its memory holds the optimizer's momentum (DGC): the optimizer then steps without any."""
+        return False
+
+    def start_epoch(self, epoch: int) -> None:
+        """Called by the trainer before each epoch's first step (and a resumed run's first): a schedule's hook."""
+
+    def set_density(self, density: float) -> None:
+        """The target density from the next step on (DensityWarmup changes it each epoch)."""
+        if not 0.0 < density <= 1.0:
+            raise ValueError(f"density must be in (0, 1], got {density}")
+        self.density, self.k = density, max(1, int(round(density * self.numel)))
 
     def describe(self) -> str:
         return f"{self.name} at density {self.density:g}"
@@ -178,6 +192,17 @@ class CompressorWrapper(Compressor):
     def warmup_steps(self) -> int:
         return self.inner.warmup_steps
 
+    @property
+    def carries_momentum(self) -> bool:
+        return self.inner.carries_momentum
+
+    def set_density(self, density: float) -> None:
+        super().set_density(density)
+        self.inner.set_density(density)
+
+    def start_epoch(self, epoch: int) -> None:
+        self.inner.start_epoch(epoch)
+
     def describe(self) -> str:
         return self.inner.describe()
 
@@ -191,40 +216,29 @@ class CompressorWrapper(Compressor):
         self.inner.load_state_dict(state)
 
 
-class ErrorFeedback:
-    """The error-feedback memory of one rank (DESIGN 4): what was computed but not yet applied. Each step,
-    acc = grad + residual; after it, residual = acc minus exactly what the global update took from this
-    rank. The sparse compressors and PowerSGD share it; `residual` is held in place (acc lives in it
-    during a step, so no n-long copy is made)."""
-
-    def __init__(self, numel: int, device: torch.device):
-        self.residual = torch.zeros(numel, dtype=torch.float32, device=device)
-
-    def accumulate(self, grad: torch.Tensor) -> torch.Tensor:
-        """residual += grad; returns the residual buffer, which now holds acc."""
-        self.residual += grad
-        return self.residual
-
-    def applied_entries(self, indices: torch.Tensor) -> None:
-        """These entries of acc went into the update whole: nothing of them is owed any more."""
-        self.residual[indices.long()] = 0.0
-
-    def applied_update(self, update: torch.Tensor) -> None:
-        """`update` (dense, e.g. a low-rank approximation of acc) was applied: the rest stays owed."""
-        self.residual -= update
-
-
 class SparseCompressor(Compressor):
-    """Error feedback around `exchange`: residuals in an ErrorFeedback, acc held in its buffer during the step."""
+    """A selection around its rank's memory (compression/memory.py; error feedback unless given another): acc is
+    held in the memory's buffer during the step, and exactly the applied entries leave it."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, memory=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.memory = ErrorFeedback(self.numel, self.device)
+        self.memory = memory if memory is not None else ErrorFeedback(self.numel, self.device)
+        if self.memory.owed.numel() != self.numel:
+            raise ValueError(f"{self.name}: memory holds {self.memory.owed.numel()} entries, the gradient has {self.numel}")
         self.index_dtype = torch.int32 if self.numel < 2**31 else torch.int64
 
     @property
     def residual(self) -> torch.Tensor:
-        return self.memory.residual
+        """What this rank has computed and not yet sent (the residual; DGC's velocity)."""
+        return self.memory.owed
+
+    @property
+    def carries_momentum(self) -> bool:
+        return self.memory.carries_momentum
+
+    def describe(self) -> str:
+        memory = "" if self.memory.name == ErrorFeedback.name else f", {self.memory.name} memory"
+        return super().describe() + memory
 
     def exchange(self, acc: torch.Tensor) -> SparseUpdate:
         raise NotImplementedError
@@ -239,10 +253,10 @@ class SparseCompressor(Compressor):
                           extra=update.extra)
 
     def state_dict(self) -> dict:
-        return {"residual": self.residual.detach().cpu().clone()}
+        return {"memory": self.memory.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.residual.copy_(state["residual"])
+        self.memory.load_state_dict(state["memory"])
 
 
 def all_finite(t: torch.Tensor) -> bool:

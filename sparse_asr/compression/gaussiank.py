@@ -37,6 +37,10 @@ class Gaussiank(SparseCompressor):
         super().__init__(*args, **kwargs)
         self.tolerance = self.options.tolerance
         self.max_adjust = self.options.max_adjust
+        self.set_density(self.density)
+
+    def set_density(self, density: float) -> None:
+        super().set_density(density)
         self.z = NormalDist().inv_cdf(1.0 - self.density / 2.0) if self.density < 1.0 else 0.0
 
     @staticmethod

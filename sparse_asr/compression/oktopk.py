@@ -232,16 +232,23 @@ class OkTopk(SparseCompressor):
         self.local_threshold_interval = options.local_threshold_interval
         self.global_threshold_interval = options.global_threshold_interval
         self.repartition_interval = options.repartition_interval
-        self.k_local = min(numel, max(1, round(options.local_factor * self.k)))  # local selection's target
-        # The global selection's target: never more than the P local selections can offer together.
-        self.k_global = min(numel, max(1, round(options.candidate_factor * self.k)), comm.size * self.k_local)
-        self.radix_bins = min(max(RADIX_BINS[0], 1 << max(0, (self.k // 128).bit_length() - 1)), RADIX_BINS[1])
+        self.set_density(self.density)
         # Everything below is state a checkpoint must carry to resume exactly.
         self.sparse_steps = 0  # exchanges done so far (the intervals count these)
         self.local_control = CountController(options.count_gain, options.drift_gain)
         self.global_control = CountController(options.count_gain, options.drift_gain)
         P = comm.size
         self._set_boundaries([numel * j // P for j in range(P + 1)])  # replaced on the first step
+
+    def set_density(self, density: float) -> None:
+        """k and the targets derived from it; the thresholds then follow the new counts (their controllers, and
+        the exact recomputation every interval)."""
+        super().set_density(density)
+        numel, options = self.numel, self.options
+        self.k_local = min(numel, max(1, round(options.local_factor * self.k)))  # local selection's target
+        # The global selection's target: never more than the P local selections can offer together.
+        self.k_global = min(numel, max(1, round(options.candidate_factor * self.k)), self.comm.size * self.k_local)
+        self.radix_bins = min(max(RADIX_BINS[0], 1 << max(0, (self.k // 128).bit_length() - 1)), RADIX_BINS[1])
 
     @staticmethod
     def cost(n: int, k: int, P: int, shapes=None, options=None) -> Cost:

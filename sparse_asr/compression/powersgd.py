@@ -44,7 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sparse_asr.compression.base import Compressor, Cost, ErrorFeedback, StepStats
+from sparse_asr.compression.base import Compressor, Cost, StepStats
+from sparse_asr.compression.memory import ErrorFeedback
 from sparse_asr.settings import natural, positive, setting
 
 
@@ -247,7 +248,7 @@ class PowerSGD(Compressor):
     def state_dict(self) -> dict:
         state = {"q_memory": self.q_memory.detach().cpu().clone(), "q_drawn": self.q_drawn}
         if self.memory is not None:
-            state["error"] = self.memory.residual.detach().cpu().clone()
+            state["memory"] = self.memory.state_dict()
         if self.options.torch_compatible:
             kind, keys, pos, has_gauss, cached = self.seeds.get_state()
             state["seeds"] = {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
@@ -257,12 +258,12 @@ class PowerSGD(Compressor):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        for key, mine in (("q_memory", self.q_memory), ("error", self.error)):
-            if mine is not None and state[key].shape != mine.shape:
-                raise ValueError(f"{self.name}: checkpoint {key} has {state[key].numel()} entries, this model and "
-                                 f"rank need {mine.numel()}")
-            if mine is not None:
-                mine.copy_(state[key])
+        if state["q_memory"].shape != self.q_memory.shape:
+            raise ValueError(f"{self.name}: checkpoint q_memory has {state['q_memory'].numel()} entries, this model "
+                             f"and rank need {self.q_memory.numel()}")
+        self.q_memory.copy_(state["q_memory"])
+        if self.memory is not None:
+            self.memory.load_state_dict(state["memory"])
         self.q_drawn = bool(state["q_drawn"])
         if self.options.torch_compatible:
             s = state["seeds"]

@@ -35,7 +35,9 @@ import torch
 
 from sparse_asr.fileio import atomic_write, atomic_write_text, fsync_dir
 
-FORMAT_VERSION = 4  # 4: every file loads with weights_only=True (RNG states as tensors)
+# 4: every file loads with weights_only=True (RNG states as tensors); 5: each part's state under one key (the
+# meter's counters, the compressor's memory)
+FORMAT_VERSION = 5
 MANIFEST = "manifest.json"
 SHARED = "shared.pt"
 
@@ -58,11 +60,10 @@ class Progress:
 class RankState:
     """What differs between ranks."""
 
-    compressor: dict
+    compressor: dict  # the compressor's own state (its memory's under "memory")
     rng: dict
     buffers: dict  # BatchNorm running statistics (per rank until the epoch-end average)
-    cum_bytes_recv: float  # this rank's bytes received since the run started
-    epoch_window: dict  # the epoch's running figures so far (MetricWindow.state_dict)
+    meter: dict  # the run's counters (telemetry.RunMeter.state_dict)
 
 
 @dataclass
@@ -277,9 +278,10 @@ def read_index(directory: str | Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
         version = manifest.get("format_version") if isinstance(manifest, dict) else None
         if isinstance(version, int) and 1 <= version < FORMAT_VERSION:
+            why = "holds pickled objects that cannot be loaded safely" if version < 4 else \
+                "keeps the ranks' states in another layout (format 5: each part's under one key)"
             raise CheckpointError(f"{path}: checkpoint format {version} is older than this code's {FORMAT_VERSION} "
-                                  f"and holds pickled objects that cannot be loaded safely; resume or evaluate it "
-                                  f"with the code that wrote it")
+                                  f"and {why}; resume or evaluate it with the code that wrote it")
         raise CheckpointError(f"{path} is not a manifest of this project's checkpoint format {FORMAT_VERSION}")
     missing = {"world_size", "step", "config", "files"} - set(manifest)
     if missing:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from sparse_asr.compression import Compressor, build_compressor, warmup_steps
+from sparse_asr.compression import Compressor, MomentumCorrection, build_compressor, warmup_steps
 from sparse_asr.data.audio import SpecAugment
 from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, TrainingData, feature_bytes
 from sparse_asr.data.manifest import read_manifest
@@ -178,8 +178,14 @@ def make_compressor(cfg: Config, comm, model: torch.nn.Module, device, warmup: i
     """The configured gradient exchange for the model's trainable parameters, behind `warmup` dense steps."""
     c = cfg.compression
     shapes = [p.shape for p in model.parameters() if p.requires_grad]
-    return build_compressor(c.algorithm, comm, sum(s.numel() for s in shapes), c.density, device, shapes=shapes,
-                            warmup=warmup, dense_1d=c.dense_1d, **c.options)
+    numel = sum(s.numel() for s in shapes)
+    memory = None  # error feedback, the compressor's default
+    if c.memory == MomentumCorrection.name:
+        memory = MomentumCorrection(numel, torch.device(device), cfg.optim.momentum, cfg.optim.nesterov,
+                                    masking=c.momentum_masking)
+    return build_compressor(c.algorithm, comm, numel, c.density, device, shapes=shapes, warmup=warmup,
+                            dense_1d=c.dense_1d, memory=memory, density_warmup_epochs=c.density_warmup_epochs,
+                            **c.options)
 
 
 def bare_trainer(cfg: Config, comm, model: torch.nn.Module, train: SpeechDataset, device) -> Trainer:

@@ -1,4 +1,10 @@
-"""SGD with momentum, the learning-rate schedule, and clipping of the synchronised gradient.
+"""SGD with momentum around the gradient exchange, the learning-rate schedule, and clipping.
+
+Usually the exchange averages gradients and the optimizer does the rest: clip the synchronised gradient,
+weight decay and momentum in torch's SGD. When the exchange's memory carries the momentum (DGC's momentum
+correction, compression/memory.py), the optimizer has none, and what it would have added to the gradient
+enters each rank's gradient before the exchange instead (DGC's local gradient clipping, then weight decay), so
+that at density 1 the update is exactly dense momentum SGD's.
 
 Schedule (deepspeech.pytorch style, which trains DeepSpeech2 on AN4 stably): linear warm-up over the
 first `lr_warmup_steps` optimizer steps, then lr / lr_anneal**epoch. It depends only on (step, epoch),
@@ -21,9 +27,37 @@ def attach_flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return flat
 
 
-def build_optimizer(params, cfg: OptimConfig) -> torch.optim.SGD:
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                           weight_decay=cfg.weight_decay)
+class SGDStep:
+    """The optimizer's part of a step: `before_exchange` on this rank's gradient, `after_exchange` on the
+    synchronised update (clip, learning rate, SGD step)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], cfg: OptimConfig, world_size: int = 1,
+                 momentum_in_exchange: bool = False):
+        self.params, self.cfg, self.momentum_in_exchange = params, cfg, momentum_in_exchange
+        # Local clipping: a rank's gradient is a mean over its own utterances, the synchronised one a mean of P of
+        # them, so with independent noise the norms differ by sqrt(P). DGC writes the same rule for a SUM of
+        # gradients over ranks as "the threshold scaled by P^-1/2".
+        self.local_max_norm = cfg.max_grad_norm * world_size ** 0.5
+        in_optimizer = not momentum_in_exchange
+        self.optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum if in_optimizer else 0.0,
+                                         nesterov=cfg.nesterov and in_optimizer,
+                                         weight_decay=cfg.weight_decay if in_optimizer else 0.0)
+
+    def before_exchange(self, flat_grad: torch.Tensor) -> None:
+        """With the momentum in the exchange: clip this rank's gradient, then add weight decay to it."""
+        if not self.momentum_in_exchange:
+            return
+        clip_grad_norm_(flat_grad, self.local_max_norm)
+        if self.cfg.weight_decay:
+            torch._foreach_add_([p.grad for p in self.params], [p.detach() for p in self.params],
+                                alpha=self.cfg.weight_decay)
+
+    def after_exchange(self, flat_grad: torch.Tensor, lr: float) -> float:
+        """Clip the synchronised update (unless each rank's gradient was clipped), step; the norm before clipping."""
+        norm = clip_grad_norm_(flat_grad, 0.0 if self.momentum_in_exchange else self.cfg.max_grad_norm)
+        set_learning_rate(self.optimizer, lr)
+        self.optimizer.step()
+        return norm
 
 
 def learning_rate(cfg: OptimConfig, step: int, epoch: int) -> float:

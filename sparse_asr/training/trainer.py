@@ -3,7 +3,7 @@
     zero the flat gradient -> forward -> CTC loss / B -> backward
     -> agree on all ranks that loss and gradient are finite (else every rank skips the step)
     -> compressor.step(flat_grad): flat_grad becomes the averaged global update on every rank
-    -> clip the synchronised gradient -> SGD step.
+    -> clip the synchronised gradient -> SGD step (optim.SGDStep; with DGC's memory part of it comes first).
 
 The parameters' .grad are views into ONE flat float32 buffer, so the compressor (launch.start_run built
 it, its dense warm-up included) gets the gradient without a copy. Every figure of a step goes to the
@@ -24,8 +24,7 @@ from sparse_asr.training.checkpoint import (Progress, RankState, TrainingState, 
 from sparse_asr.training.config import Config, to_dict
 from sparse_asr.training.evaluation import evaluate
 from sparse_asr.training.loss import batch_loss
-from sparse_asr.training.optim import (attach_flat_grad, build_optimizer, clip_grad_norm_, learning_rate,
-                                       set_learning_rate)
+from sparse_asr.training.optim import SGDStep, attach_flat_grad, learning_rate
 from sparse_asr.training.runlog import RunLogger
 from sparse_asr.training.telemetry import RunMeter, StepRecord
 
@@ -40,7 +39,8 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.flat_grad = attach_flat_grad(self.params)
         self.grad_pointers = [p.grad.data_ptr() for p in self.params]
-        self.optimizer = build_optimizer(self.params, cfg.optim)
+        self.sgd = SGDStep(self.params, cfg.optim, comm.size, momentum_in_exchange=compressor.carries_momentum)
+        self.optimizer = self.sgd.optimizer
         self.steps_per_epoch = self.sampler.batches_per_epoch
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
         self.progress = Progress()
@@ -69,10 +69,10 @@ class Trainer:
         loss_value = float(loss.detach())  # read here, where the host waits anyway (no sync of its own)
         if not self.finite_on_all_ranks(loss_value):
             return None
+        self.sgd.before_exchange(self.flat_grad)
         stats = self.compressor.step(self.flat_grad)
-        grad_norm = clip_grad_norm_(self.flat_grad, self.cfg.optim.max_grad_norm)
-        set_learning_rate(self.optimizer, learning_rate(self.cfg.optim, self.progress.step, self.progress.epoch))
-        self.optimizer.step()
+        lr = learning_rate(self.cfg.optim, self.progress.step, self.progress.epoch)
+        grad_norm = self.sgd.after_exchange(self.flat_grad, lr)
         self.progress.step += 1
         return StepRecord(loss_value, grad_norm, seconds_compute, stats)
 
@@ -94,6 +94,7 @@ class Trainer:
         results, t_epoch_start = {}, self.t_start
         while progress.epoch < cfg.train.epochs:
             self.sampler.set_epoch(progress.epoch, start_batch=progress.batch_in_epoch)
+            self.compressor.start_epoch(progress.epoch)  # (a density schedule's hook)
             data.train.set_epoch(progress.epoch)  # selects the epoch's augmentation masks
             self.meter.start_epoch()
             for batch in make_loader(data.train, self.sampler, cfg.data.num_workers,
@@ -177,8 +178,7 @@ class Trainer:
     def training_state(self) -> TrainingState:
         # BatchNorm statistics differ between ranks in mid-epoch checkpoints: each rank keeps its own.
         buffers = {k: v.detach().cpu().clone() for k, v in self.model.named_buffers() if v.is_floating_point()}
-        mine = RankState(compressor=self.compressor.state_dict(), rng=rng_state(), buffers=buffers,
-                         **self.meter.state_dict())
+        mine = RankState(self.compressor.state_dict(), rng_state(), buffers, self.meter.state_dict())
         # warmup_steps: fixed when the run started; metrics_rows: metrics.jsonl's lines (a resume drops later ones)
         return TrainingState(config=to_dict(self.cfg), model=self.model.state_dict(),
                              optimizer=self.optimizer.state_dict(), progress=self.progress, mine=mine,
@@ -190,7 +190,7 @@ class Trainer:
         self.optimizer.load_state_dict(state.optimizer)
         self.compressor.load_state_dict(state.mine.compressor)
         set_rng_state(state.mine.rng)
-        self.meter.load_state_dict(vars(state.mine))
+        self.meter.load_state_dict(state.mine.meter)
         self.progress = Progress(**vars(state.progress))
 
     def save(self, best: bool = False) -> None:

@@ -11,6 +11,11 @@ recomputes, in numpy, every rank's accumulated gradient and the expected result.
   - mass conservation from the compressors' own outputs: P * update + sum of residuals after ==
     sum of (residual before + gradient), in float64;
   - bytes sent and received equal the per-algorithm volumes of the reference exactly.
+DGC's memory (compression.memory=dgc) around TopkA and Ok-Topk, every combination of Nesterov and masking: u and v
+are exactly a float32 numpy mirror of the momentum correction, the update is the reference's selection from the
+ranks' velocities, v loses exactly the applied entries (u too with masking), and velocity mass is conserved. At
+density 1 it is dense momentum SGD step for step (optim.SGDStep, weight decay and Nesterov included; masking
+there clears every momentum, leaving plain SGD).
 And compression.dense_1d (DenseVectors) around Ok-Topk and TopkA: the 1-D parameters' entries are the exact
 mean over ranks, the rest is bitwise what the bare compressor makes of the gradient with those entries
 zeroed, their residual stays 0, and the bytes are the bare compressor's plus one ring allreduce of them.
@@ -21,7 +26,7 @@ import numpy as np
 import torch
 
 from sparse_asr.comm import Communicator
-from sparse_asr.compression import COMPRESSORS, build_compressor
+from sparse_asr.compression import COMPRESSORS, MomentumCorrection, build_compressor
 from sparse_asr.compression.base import dense_allreduce_bytes
 from tests import reference as ref
 from sparse_asr.training.runtime import run_or_abort
@@ -100,6 +105,84 @@ def check_case(comm, name, density, options):
         reference.extra_check(density, P, extras)
 
 
+def check_dgc_memory(comm, name, density, options, nesterov, masking, momentum=0.9):
+    P, rank = comm.size, comm.rank
+    memory = MomentumCorrection(N, torch.device("cpu"), momentum, nesterov, masking)
+    comp = build_compressor(name, comm, N, density, memory=memory, **options)
+    assert comp.carries_momentum
+    m = np.float32(momentum)
+    us = [np.zeros(N, np.float32) for _ in range(P)]
+    vs = [np.zeros(N, np.float32) for _ in range(P)]
+    for step in range(STEPS):
+        grad = gradient(step, rank)
+        grads = comm.allgather_object(grad)
+        v_before = memory.v.numpy().astype(np.float64)
+        flat = torch.from_numpy(grad.copy())
+        comp.step(flat)
+        update = flat.numpy().copy()
+        where = f"dgc {name} nesterov={nesterov} masking={masking} P={P} rank={rank} step={step}"
+        for q in range(P):  # the momentum correction, float32 as the memory computes it
+            if nesterov:
+                us[q] = (us[q] + grads[q]) * m
+                vs[q] = vs[q] + us[q] + grads[q]
+            else:
+                us[q] = us[q] * m + grads[q]
+                vs[q] = vs[q] + us[q]
+        expected = ref.REFERENCES[name].expected(vs, comp.k, density, options, step)
+        np.testing.assert_allclose(update.astype(np.float64) * P, expected.total, rtol=1e-5, atol=1e-5, err_msg=where)
+        assert all(np.array_equal(u, update) for u in comm.allgather_object(update)), f"{where}: ranks disagree"
+        accumulated = vs[rank].astype(np.float64)
+        for q in range(P):
+            vs[q][expected.applied[q]] = 0.0
+            if masking:
+                us[q][expected.applied[q]] = 0.0
+        assert np.array_equal(memory.v.numpy(), vs[rank]), f"{where}: velocity is not v with the applied entries cleared"
+        assert np.array_equal(memory.u.numpy(), us[rank]), f"{where}: momentum differs from the mirror"
+        # velocity mass: what the ranks accumulated is either in the update or still owed
+        sent = comm.allgather_object((accumulated - v_before, memory.v.numpy().astype(np.float64) - v_before))
+        inflow = np.sum([a for a, _ in sent], axis=0)
+        outflow = P * update.astype(np.float64) + np.sum([b for _, b in sent], axis=0)
+        np.testing.assert_allclose(outflow, inflow, rtol=1e-5, atol=1e-5, err_msg=f"{where}: velocity not conserved")
+
+
+def check_dgc_density_one(comm, nesterov, masking):
+    """DGC at density 1 (TopkA selects everything) against dense allreduce + torch's momentum SGD."""
+    from sparse_asr.training.config import OptimConfig
+    from sparse_asr.training.optim import SGDStep, attach_flat_grad
+
+    P, rank = comm.size, comm.rank
+    cfg = OptimConfig(lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=1e-3, max_grad_norm=0.0)
+    sides = []
+    for dgc in (False, True):
+        model = torch.nn.Sequential(torch.nn.Linear(30, 40), torch.nn.Linear(40, 20))
+        init = np.random.default_rng(0)  # not torch's global generator: thread ranks share it
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.from_numpy(init.standard_normal(tuple(p.shape), dtype=np.float32)))
+        params = list(model.parameters())
+        flat = attach_flat_grad(params)
+        memory = MomentumCorrection(flat.numel(), torch.device("cpu"), cfg.momentum, nesterov, masking) if dgc else None
+        comp = build_compressor("topka" if dgc else "dense", comm, flat.numel(), 1.0, memory=memory)
+        sides.append((params, flat, comp, SGDStep(params, cfg, P, momentum_in_exchange=dgc)))
+    for step in range(STEPS):
+        grad = torch.from_numpy(np.random.default_rng(100 * rank + step).standard_normal(sides[0][1].numel(),
+                                                                                        dtype=np.float32))
+        lr = 0.05 / (1 + step % 3)  # a changing learning rate, as the schedule gives
+        for params, flat, comp, sgd in sides:
+            flat.copy_(grad)
+            sgd.before_exchange(flat)
+            comp.step(flat)
+            sgd.after_exchange(flat, lr)
+        (dense_params, *_), (dgc_params, _, dgc, _) = sides
+        where = f"dgc at density 1 nesterov={nesterov} masking={masking} P={P} rank={rank} step={step}"
+        if masking:  # every entry was sent, so masking cleared every momentum: plain SGD on a momentum-free step
+            assert not dgc.memory.u.any() and not dgc.memory.v.any(), where
+            continue
+        assert not dgc.memory.v.any(), f"{where}: density 1 leaves no velocity behind"
+        for a, b in zip(dense_params, dgc_params):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=where)
+
+
 SHAPES = [torch.Size([37]), torch.Size([40, 50]), torch.Size([5]), torch.Size([29, 33])]  # 2999 entries
 ONE_D = np.r_[0:37, 2037:2042]
 
@@ -144,6 +227,17 @@ def run_cases(comm):
             check_case(comm, name, density, options)
         if comm.rank == 0:
             print(f"ok {name} density={density} {options} P={comm.size}", flush=True)
+    for name, options in (("topka", {}), ("oktopk", ref.EXACT_OKTOPK)):
+        for nesterov in (False, True):
+            for masking in (True, False):
+                check_dgc_memory(comm, name, 0.02, options, nesterov, masking)
+        if comm.rank == 0:
+            print(f"ok dgc {name} P={comm.size}", flush=True)
+    for nesterov in (False, True):
+        for masking in (False, True):
+            check_dgc_density_one(comm, nesterov, masking)
+    if comm.rank == 0:
+        print(f"ok dgc density 1 P={comm.size}", flush=True)
     for name in ("oktopk", "topka"):
         check_dense_1d(comm, name, 0.02)
         if comm.rank == 0:

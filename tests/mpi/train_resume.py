@@ -2,7 +2,10 @@
 like an uninterrupted run, with every rank's own state (compressor residuals and thresholds,
 BatchNorm statistics) taken from its own shard of the checkpoint.
 
-    mpiexec -n P python -m tests.mpi.train_resume MANIFEST_DIR OUT_DIR ALGORITHM
+    mpiexec -n P python -m tests.mpi.train_resume MANIFEST_DIR OUT_DIR ALGORITHM [MEMORY]
+
+MEMORY dgc: DGC's memory (momentum and velocity per rank) behind its density warm-up over the first epoch
+instead of dense warm-up steps; the crash then falls in the second epoch's schedule.
 
 'full' trains 2 epochs (4 steps each) with a checkpoint every 3 steps; 'crashed' is the same run, but
 every rank raises after step 7, one step after the mid-epoch checkpoint of step 6 (whose BatchNorm
@@ -46,13 +49,15 @@ def crash_after_step_7(original):
     return train_step
 
 
-def main(comm, manifests, out_dir, algorithm):
+def main(comm, manifests, out_dir, algorithm, memory="residual"):
     torch.set_num_threads(1)
     out = Path(out_dir)
     settings = dict(compression__algorithm=algorithm, compression__density=0.05, compression__warmup_steps=2,
                     train__epochs=2, train__global_batch_size=4 * comm.size, optim__lr=1e-3,
                     data__max_train_utterances=16 * comm.size, train__eval_every_epochs=1,
                     train__checkpoint_every_steps=3)
+    if memory == "dgc":
+        settings.update(compression__memory="dgc", compression__warmup_steps=0, compression__density_warmup_epochs=1)
     full = run_training(tiny_overrides(manifests, out, "full", **settings), comm)
 
     original = Trainer.train_step
@@ -73,10 +78,11 @@ def main(comm, manifests, out_dir, algorithm):
     resumed = run_training([], comm, resume=str(crashed), config=None)
 
     a, b = load_training_state(comm, out / "full"), load_training_state(comm, crashed)
-    assert a.mine.compressor["inner"]["residual"].abs().sum() > 0, "the residual should hold something after sparse steps"
+    owed = a.mine.compressor.get("inner", a.mine.compressor)["memory"]  # (inside the dense warm-up's state)
+    assert owed["residual" if memory == "residual" else "velocity"].abs().sum() > 0, "nothing owed after sparse steps"
     assert_same(a.mine.compressor, b.mine.compressor, f"rank {comm.rank} compressor")
     assert_same(a.mine.buffers, b.mine.buffers, f"rank {comm.rank} BatchNorm statistics")
-    assert_same(a.mine.cum_bytes_recv, b.mine.cum_bytes_recv, "cum_bytes_recv")
+    assert_same(a.mine.meter, b.mine.meter, "the meter's counters")
     assert_same(a.model, b.model, "model")
     assert_same(a.optimizer, b.optimizer, "optimizer")
     assert_same(vars(a.progress), vars(b.progress), "progress")
@@ -88,10 +94,13 @@ def main(comm, manifests, out_dir, algorithm):
             assert abs(la[step] - lb[step]) <= 1e-6 * abs(la[step]), (step, la[step], lb[step])
         assert_one_row_per_kind_and_step(crashed)
         assert len(read_metrics(crashed)) == len(read_metrics(out / "full"))
-        print(f"{algorithm}: P={comm.size} resume after a mid-epoch crash == uninterrupted over {len(la)} steps "
+        if memory == "dgc":  # target 0.05^(1/2) in epoch 0, then 0.05 (TopkA's union holds up to P times k)
+            density = {r["epoch"]: r["comm/density"] for r in read_metrics(crashed) if r["kind"] == "train"}
+            assert density[0] > 2.5 * density[1] and density[1] <= 0.05 * comm.size, density
+        print(f"{algorithm} {memory}: P={comm.size} resume after a mid-epoch crash == uninterrupted over {len(la)} steps "
               f"(dev {resumed['dev']['loss']:.6f}, test {resumed['test']['loss']:.6f})", flush=True)
 
-    if comm.size > 1:
+    if comm.size > 1 and memory == "residual":  # (the files are checked alike whatever they hold)
         copy = out / "corrupt"
         if comm.rank == 0:
             shutil.copytree(crashed, copy, symlinks=True)
@@ -112,4 +121,4 @@ def main(comm, manifests, out_dir, algorithm):
 
 if __name__ == "__main__":
     comm = Communicator()
-    run_or_abort(comm, main, comm, *sys.argv[1:4])
+    run_or_abort(comm, main, comm, *sys.argv[1:5])
