@@ -31,7 +31,10 @@ Per step, for each (algorithm, P, density):
                 feedback releases owed mass in bursts, so a worse direction can still go further
   cos_momentum  cos(its shadow momentum buffer, dense's at the same P); both start from the model's buffer
                 when the sparse steps begin and take buf = momentum * buf + clipped update + weight_decay *
-                params, as the config's SGD does
+                params, as the config's SGD does (blank for +dgc rows: their momentum is in the ranks' memories)
+  cos_step      cos(the step it makes the model take, dense momentum SGD's step at the same P): the shadow's
+                buffer (Nesterov: d + momentum * buffer) or, for a +dgc row, its update itself (DGC's memory
+                carries momentum and weight decay, and the optimizer steps without them)
   owed          ||sum over ranks of the residuals / P|| / ||dense mean gradient||: the error-feedback mass
                 the ranks still owe the model, in steps of gradient (dense: 0)
   applied       mean over ranks of (entries of the rank whose value entered the update) / (entries it
@@ -46,7 +49,10 @@ oracle: every rank accumulates acc = grad + residual; the update is the exact to
 applied from every rank (each clears its residual there). At P = 1 it is Ok-Topk with exact thresholds, and
 TopkA. Its words are those of this implementation: a dense allreduce and a broadcast of the k indices.
 Compressors are bare (compression.dense_1d and warm-up do not apply; the dense steps are the warm-up) and use
-their default options; --variant adds an algorithm with other options as a row of its own.
+their default options; --variant adds an algorithm with other options as a row of its own, and --dgc ALGORITHM
+a row "ALGORITHM+dgc" with Deep Gradient Compression's memory (compression.memory=dgc: momentum correction, the
+config's momentum_masking; each rank's gradient clipped at max_grad_norm x sqrt(P) and given weight decay before
+it, as training/optim.py does; its momentum starts from zero when the sparse steps begin).
 
 Outputs: the table (printed; --out FILE.md writes it), a plot of cos(update, dense) against P, one line per
 algorithm, one panel per density plus one against density at the largest P (FILE.png), and every step's
@@ -74,7 +80,8 @@ import torch
 import yaml
 
 from sparse_asr.comm import ThreadGroup
-from sparse_asr.compression import COMPRESSORS, Compressor, SparseCompressor, StepStats, build_compressor
+from sparse_asr.compression import (COMPRESSORS, Compressor, MomentumCorrection, SparseCompressor, StepStats,
+                                    build_compressor, sparse_algorithms)
 from sparse_asr.compression.base import all_finite
 from sparse_asr.compression.selection import topk_indices
 from sparse_asr.data.audio import SpecAugment
@@ -84,7 +91,7 @@ from sparse_asr.models import build_model
 from sparse_asr.training.loss import batch_loss
 from sparse_asr.training.checkpoint import load_shared
 from sparse_asr.training.config import load_config
-from sparse_asr.training.optim import (SGDStep, attach_flat_grad, clip_grad_norm_, learning_rate,
+from sparse_asr.training.optim import (SGDStep, attach_flat_grad, clip_grad_norm_, learning_rate, local_terms_,
                                        set_learning_rate)
 from sparse_asr.training.runtime import cpu_model
 
@@ -165,6 +172,7 @@ class Algorithm:
     label: str
     name: str
     options: dict
+    dgc: bool = False  # Deep Gradient Compression's memory instead of error feedback
 
     @property
     def uses_density(self) -> bool:
@@ -193,33 +201,40 @@ class RunStep:
     cpu_seconds: float = 0.0  # CPU time of the step, summed over the ranks' threads
 
 
-def make_compressor(algorithm: Algorithm, comm, numel: int, density: float | None, shapes) -> Compressor:
+def make_compressor(algorithm: Algorithm, comm, numel: int, density: float | None, shapes, cfg) -> Compressor:
     if algorithm.name == ORACLE:
         return Oracle(comm, numel, density, shapes=shapes, **algorithm.options)
+    memory = None
+    if algorithm.dgc:
+        memory = MomentumCorrection(numel, torch.device("cpu"), cfg.optim.momentum, cfg.optim.nesterov,
+                                    cfg.compression.momentum_masking)
     return build_compressor(algorithm.name, comm, numel, density if density is not None else 1.0, shapes=shapes,
-                            **algorithm.options)
+                            memory=memory, **algorithm.options)
 
 
 class SimulatedRanks:
     """P simulated ranks, each running every (algorithm, density) in turn on its own gradient."""
 
-    def __init__(self, P: int, algorithms: list[Algorithm], densities: list[float], numel: int, shapes,
+    def __init__(self, P: int, algorithms: list[Algorithm], densities: list[float], numel: int, shapes, cfg,
                  timeout_s: float = 300.0):
-        self.P = P
+        self.P, self.optim = P, cfg.optim
         self.group = ThreadGroup(P, timeout_s)
         self.runs = []
         for algorithm in algorithms:
             for density in densities if algorithm.uses_density else [None]:
-                compressors = [make_compressor(algorithm, comm, numel, density, shapes) for comm in self.group.comms]
+                compressors = [make_compressor(algorithm, comm, numel, density, shapes, cfg) for comm in self.group.comms]
                 self.runs.append(Run(algorithm, density, compressors, [applied_counter(c) for c in compressors]))
 
-    def step(self, grads: list[torch.Tensor]) -> list[RunStep]:
-        """Every run's step on these per-rank gradients (left unchanged: each compressor gets a copy)."""
+    def step(self, grads: list[torch.Tensor], params: torch.Tensor) -> list[RunStep]:
+        """Every run's step on these per-rank gradients (left unchanged: each compressor gets a copy) at these
+        parameters (a +dgc row's gradients get weight decay)."""
 
         def rank_step(comm):
             r, out = comm.rank, []
             for run in self.runs:
                 flat = grads[r].clone()  # compressors turn their input into the update, in place
+                if run.algorithm.dgc:  # what SGDStep adds before an exchange that carries the momentum
+                    local_terms_(flat, [flat], [params], self.optim, self.P)
                 t0 = time.thread_time()
                 stats = run.compressors[r].step(flat)
                 out.append((flat if r == 0 else None, stats, run.applied[r](), time.thread_time() - t0))
@@ -250,22 +265,24 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 class ShadowMomentum:
     """torch.optim.SGD's momentum buffer for a stream of updates: buf = momentum * buf + d, where d is the
-    update clipped as the trainer clips it, plus weight_decay * params (dampening 0, as configured)."""
+    update clipped as the trainer clips it, plus weight_decay * params (dampening 0, as configured); and the
+    step SGD takes from it (buf, or with Nesterov d + momentum * buf)."""
 
     def __init__(self, buffer: torch.Tensor, optim_cfg):
         self.buffer = buffer.clone()
         self.cfg = optim_cfg
 
-    def add(self, update: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-        step = update.clone()
-        clip_grad_norm_(step, self.cfg.max_grad_norm)
+    def add(self, update: torch.Tensor, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the buffer, the step) after this update."""
+        d = update.clone()
+        clip_grad_norm_(d, self.cfg.max_grad_norm)
         if self.cfg.weight_decay:
-            step.add_(params, alpha=self.cfg.weight_decay)
-        self.buffer.mul_(self.cfg.momentum).add_(step)
-        return self.buffer
+            d.add_(params, alpha=self.cfg.weight_decay)
+        self.buffer.mul_(self.cfg.momentum).add_(d)
+        return self.buffer, d.add_(self.buffer, alpha=self.cfg.momentum) if self.cfg.nesterov else self.buffer
 
 
-def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_momentum: torch.Tensor,
+def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_momentum: tuple[torch.Tensor, torch.Tensor],
             params: torch.Tensor) -> dict:
     """One step's figures for one run (module docstring)."""
     P = len(run.compressors)
@@ -279,7 +296,12 @@ def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_moment
     cos_update = cosine(result.update, reference)
     reference_sq = dot(reference, reference)
     along = dot(result.update, reference) / reference_sq if reference_sq > 0 else 0.0
-    momentum = run.momentum.add(result.update, params)
+    dense_buffer, dense_step = reference_momentum
+    if run.momentum is not None:
+        buffer, step = run.momentum.add(result.update, params)
+        cos_momentum = cosine(buffer, dense_buffer)
+    else:  # +dgc: the update is the step (the momentum lives in the ranks' memories)
+        step, cos_momentum = result.update, math.nan
     applied = result.applied
     selected = [s.selected_local for s in result.stats]
     share = contributors = math.nan
@@ -288,7 +310,8 @@ def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_moment
         updated = result.stats[0].selected_global
         contributors = sum(applied) / updated if updated else math.nan
     return {"algorithm": run.algorithm.label, "P": P, "density": run.density if run.density is not None else math.nan,
-            "cos_update": cos_update, "along": along, "cos_momentum": cosine(momentum, reference_momentum), "owed": owed,
+            "cos_update": cos_update, "along": along, "cos_momentum": cos_momentum, "cos_step": cosine(step, dense_step),
+            "owed": owed,
             "applied": share, "contributors": contributors,
             "words": float(np.mean([s.bytes_recv for s in result.stats])) / WORD,
             "update_entries": result.stats[0].selected_global, "k": result.stats[0].k,
@@ -411,7 +434,7 @@ def run_bench(cfg, s: Settings, log=print, start: dict | None = None) -> tuple[p
     finest = math.lcm(*s.ranks)
     gradients = ShardGradients(cfg.model.name, cfg.model.sync_batchnorm, finest, s.timeout_s)
     trajectory_P = min(s.ranks)
-    simulated = {P: SimulatedRanks(P, s.algorithms, s.densities, numel, shapes, s.timeout_s) for P in s.ranks}
+    simulated = {P: SimulatedRanks(P, s.algorithms, s.densities, numel, shapes, cfg, s.timeout_s) for P in s.ranks}
     reference_momentum: dict[int, ShadowMomentum] = {}
     rows = []
     seconds = {f"{what}_{clock}": 0.0 for what in ("gradients", "compressors", "measures") for clock in ("wall", "cpu")}
@@ -444,10 +467,10 @@ def run_bench(cfg, s: Settings, log=print, start: dict | None = None) -> tuple[p
                 reference_momentum = {P: ShadowMomentum(start, cfg.optim) for P in s.ranks}
                 for sim in simulated.values():
                     for run in sim.runs:
-                        run.momentum = ShadowMomentum(start, cfg.optim)
+                        run.momentum = None if run.algorithm.dgc else ShadowMomentum(start, cfg.optim)
             for P, sim in simulated.items():
                 t0 = time.perf_counter(), time.process_time()
-                results = sim.step(grads[P])
+                results = sim.step(grads[P], params_now)
                 t1 = add_time("compressors", t0)
                 dense_momentum = reference_momentum[P].add(references[P], params_now)
                 for run, result in zip(sim.runs, results):
@@ -492,7 +515,7 @@ def summarise(steps: pd.DataFrame) -> pd.DataFrame:
     keys = ["algorithm", "P", "density"]
     order = {label: i for i, label in enumerate(dict.fromkeys(steps["algorithm"]))}
     grouped = steps.groupby(keys, dropna=False, sort=False)
-    figures = ["cos_update", "along", "cos_momentum", "owed", "applied", "contributors", "words", "update_entries", "k"]
+    figures = ["cos_update", "along", "cos_momentum", "cos_step", "owed", "applied", "contributors", "words", "update_entries", "k"]
     summary = grouped[figures].mean().add_suffix("_mean").join(grouped[figures].last().add_suffix("_last"))
     summary["steps"] = grouped.size()
     summary = summary.reset_index()
@@ -505,17 +528,19 @@ def markdown_table(summary: pd.DataFrame) -> str:
         return f"{row[name + '_mean']:.{digits}f} / {row[name + '_last']:.{digits}f}"
 
     lines = ["| algorithm | P | density | entries updated | cos(update, dense mean gradient) mean / last | "
-             "along dense mean / last | cos(momentum, dense momentum) mean / last | owed mean / last | "
+             "along dense mean / last | cos(momentum, dense momentum) mean / last | "
+             "cos(step, dense momentum SGD's step) mean / last | owed mean / last | "
              "share of local picks applied | ranks per applied entry | words received per rank |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, row in summary.iterrows():
         density = "-" if math.isnan(row["density"]) else f"{row['density']:g}"
         entries = "-" if math.isnan(row["density"]) else f"{row['update_entries_mean'] / row['k_mean']:.2f} k"
         applied = "-" if math.isnan(row["applied_mean"]) else f"{row['applied_mean']:.2f}"
         contributors = "-" if math.isnan(row["contributors_mean"]) else f"{row['contributors_mean']:.2f} of {row['P']}"
+        momentum = "-" if math.isnan(row["cos_momentum_mean"]) else pair(row, "cos_momentum", 3)
         lines.append(f"| {row['algorithm']} | {row['P']} | {density} | {entries} | {pair(row, 'cos_update', 3)} | "
                      f"{pair(row, 'along', 3)} | "
-                     f"{pair(row, 'cos_momentum', 3)} | {pair(row, 'owed', 2)} | {applied} | {contributors} | "
+                     f"{momentum} | {pair(row, 'cos_step', 3)} | {pair(row, 'owed', 2)} | {applied} | {contributors} | "
                      f"{row['words_mean']:,.0f} |")
     return "\n".join(lines)
 
@@ -588,6 +613,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--algorithms", nargs="+", help=f"default: every registered one and {ORACLE}")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=ALGORITHM[:KEY=VALUE,...]",
                         help="one more row family: a registered algorithm with these options (repeatable)")
+    parser.add_argument("--dgc", action="append", default=[], metavar="ALGORITHM",
+                        help="one more row family: ALGORITHM with DGC's memory, labelled ALGORITHM+dgc (repeatable)")
     parser.add_argument("--global-batch", type=int,
                         help="default: the config's global batch, rounded up to a multiple of every P")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a simulated rank waits in a collective")
@@ -612,6 +639,10 @@ def settings_from(args, cfg) -> tuple[Settings, str]:
         raise ValueError("--steps must be >= 1 and --dense-steps >= 0")
     names = args.algorithms if args.algorithms is not None else [*COMPRESSORS, ORACLE]
     algorithms = [Algorithm(name, name, {}) for name in names] + [parse_variant(v) for v in args.variant]
+    for name in args.dgc:
+        if name not in sparse_algorithms():
+            raise ValueError(f"--dgc {name}: DGC's memory needs a selection ({', '.join(sparse_algorithms())})")
+        algorithms.append(Algorithm(f"{name}+dgc", name, {}, dgc=True))
     for a in algorithms:
         if a.name != ORACLE and a.name not in COMPRESSORS:
             raise ValueError(f"unknown algorithm {a.name!r}; known: {', '.join([*COMPRESSORS, ORACLE])}")

@@ -62,12 +62,12 @@ def test_oracle_is_oktopk_and_topka_at_one_rank(cfg):
     numel, shapes = model_size(cfg)
     algorithms = [sq.Algorithm(sq.ORACLE, sq.ORACLE, {}), sq.Algorithm("topka", "topka", {}),
                   sq.Algorithm("oktopk_exact", "oktopk", dict(EXACT_OKTOPK))]
-    sim = sq.SimulatedRanks(1, algorithms, [DENSITY], numel, shapes, timeout_s=60)
+    sim = sq.SimulatedRanks(1, algorithms, [DENSITY], numel, shapes, cfg, timeout_s=60)
     k = round(DENSITY * numel)
     residual = torch.zeros(numel)
     for step, grads in enumerate(gradient_stream(cfg, 1, 6)):  # 2 epochs of the 2 batches: residuals matter
         acc = residual + grads[0]
-        oracle, *others = sim.step(grads)
+        oracle, *others = sim.step(grads, torch.zeros(numel))
         chosen = np.sort(np.argsort(-np.abs(acc.numpy()), kind="stable")[:k])  # the k largest |acc|
         assert np.array_equal(np.flatnonzero(oracle.update.numpy()), chosen), step
         assert torch.equal(oracle.update[chosen], acc[chosen]), step
@@ -82,7 +82,7 @@ def test_oracle_is_oktopk_and_topka_at_one_rank(cfg):
 def test_oracle_applies_the_global_topk_of_the_summed_acc_from_every_rank(cfg):
     numel, shapes = model_size(cfg)
     P, k = 4, round(DENSITY * numel)
-    sim = sq.SimulatedRanks(P, [sq.Algorithm(sq.ORACLE, sq.ORACLE, {})], [DENSITY], numel, shapes, timeout_s=60)
+    sim = sq.SimulatedRanks(P, [sq.Algorithm(sq.ORACLE, sq.ORACLE, {})], [DENSITY], numel, shapes, cfg, timeout_s=60)
     residuals = [torch.zeros(numel) for _ in range(P)]
     for step, grads in enumerate(gradient_stream(cfg, P, 4)):
         accs = [residuals[r] + grads[r] for r in range(P)]
@@ -90,7 +90,7 @@ def test_oracle_applies_the_global_topk_of_the_summed_acc_from_every_rank(cfg):
         for acc in accs[1:]:
             total += acc  # in rank order, as the oracle's allreduce: the same bits, the same ranking
         chosen = np.sort(np.argsort(-np.abs(total.numpy()), kind="stable")[:k])
-        (result,) = sim.step(grads)
+        (result,) = sim.step(grads, torch.zeros(numel))
         assert np.array_equal(np.flatnonzero(result.update.numpy()), chosen), step
         assert torch.equal(result.update[chosen], total[chosen] / P), step
         for r in range(P):
@@ -150,7 +150,7 @@ def test_simulation_conserves_mass_and_measures_what_it_says(cfg):
     start = torch.randn(numel) * 1e-3  # a momentum buffer to start from, as after dense steps
     params = torch.randn(numel)
     for P in (1, 2, 4):
-        sim = sq.SimulatedRanks(P, algorithms, [DENSITY], numel, shapes, timeout_s=60)
+        sim = sq.SimulatedRanks(P, algorithms, [DENSITY], numel, shapes, cfg, timeout_s=60)
         for run in sim.runs:
             run.momentum = sq.ShadowMomentum(start, cfg.optim)
         dense_momentum = sq.ShadowMomentum(start, cfg.optim)
@@ -162,7 +162,7 @@ def test_simulation_conserves_mass_and_measures_what_it_says(cfg):
             reference = sq.mean(grads)
             fed_now = [g.clone() for g in grads]  # what the compressors must get, whatever the bench does with grads
             fed += sum(g.double() for g in fed_now)
-            results = sim.step(grads)
+            results = sim.step(grads, params)
             m_ref = dense_momentum.add(reference, params)
             for run, result, residuals_before in zip(sim.runs, results, before):
                 label, where = run.algorithm.label, f"{run.algorithm.label} P={P} step={step}"
@@ -211,6 +211,7 @@ def check_figures(run, result, reference, figures, where):
         assert figures["cos_update"] == pytest.approx(1.0, abs=1e-6) and figures["owed"] == 0.0, where
         assert figures["along"] == pytest.approx(1.0, abs=1e-6), where
         assert figures["cos_momentum"] == pytest.approx(1.0, abs=1e-6), where
+        assert figures["cos_step"] == pytest.approx(1.0, abs=1e-6), where
         assert figures["applied"] == 1.0 and figures["contributors"] == P, where
         assert figures["words"] == 2 * g.numel() * (P - 1) // P, where  # the ring allreduce
     elif run.algorithm.name in (sq.ORACLE, "cltk"):  # one shared index set: every rank's value at every entry
@@ -226,11 +227,37 @@ def check_figures(run, result, reference, figures, where):
         assert figures["contributors"] == 1.0, where
 
 
+def test_dgc_rows_at_density_1_take_dense_momentum_sgds_step(cfg):
+    """A +dgc row (DGC's memory, masking off) at density 1 from a zero momentum makes exactly the step dense momentum
+    SGD makes from a zero buffer (Nesterov and weight decay as configured): cos_step 1 on every step; with
+    masking (DGC's default) every momentum is cleared at density 1, so it is plain SGD and falls below 1."""
+    numel, shapes = model_size(cfg)
+    params = torch.randn(numel) * 0.1
+    for masking in (False, True):
+        # no clipping: DGC clips each rank's gradient, dense the mean (they differ wherever either acts)
+        masked = load_config(REPO / "configs" / "smoke.yaml", [f"compression.momentum_masking={masking}",
+                                                               "optim.max_grad_norm=0"])
+        algorithms = [sq.Algorithm("topka+dgc", "topka", {}, dgc=True), sq.Algorithm("dense", "dense", {})]
+        sim = sq.SimulatedRanks(2, algorithms, [1.0], numel, shapes, masked, timeout_s=60)
+        dgc, dense = sim.runs
+        dense.momentum = sq.ShadowMomentum(torch.zeros(numel), masked.optim)
+        reference = sq.ShadowMomentum(torch.zeros(numel), masked.optim)
+        for step, grads in enumerate(gradient_stream(cfg, 2, 4)):
+            results = sim.step(grads, params)
+            m_ref = reference.add(sq.mean(grads), params)
+            figures = [sq.measure(run, result, sq.mean(grads), m_ref, params) for run, result in zip(sim.runs, results)]
+            assert math.isnan(figures[0]["cos_momentum"]) and figures[1]["cos_step"] == pytest.approx(1.0, abs=1e-6)
+            if not masking:
+                assert figures[0]["cos_step"] == pytest.approx(1.0, abs=1e-5), (step, figures[0])
+            elif step > 0:
+                assert figures[0]["cos_step"] < 0.999, (step, figures[0])
+
+
 def test_command_writes_its_table_plot_and_steps(tiny_manifest, tmp_path):
     out = tmp_path / "quality.md"
     command = [sys.executable, "bench/selection_quality.py", "--config", "configs/smoke.yaml", "--ranks", "1", "2", "4",
                "--densities", "0.05", "0.1", "--dense-steps", "2", "--steps", "3", "--out", str(out), "--variant",
-               "oktopk_exact=oktopk:" + ",".join(f"{key}={value}" for key, value in EXACT_OKTOPK.items()),
+               "oktopk_exact=oktopk:" + ",".join(f"{key}={value}" for key, value in EXACT_OKTOPK.items()), "--dgc", "topka",
                f"data.train_manifest={tiny_manifest}", "data.max_train_utterances=0", "model.sync_batchnorm=true"]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
@@ -249,7 +276,7 @@ def test_command_writes_its_table_plot_and_steps(tiny_manifest, tmp_path):
             key = (row["algorithm"], int(row["P"]), row["density"])
             assert key not in rows, f"duplicate row {key}"
             rows[key] = row
-    labels = [*COMPRESSORS, sq.ORACLE, "oktopk_exact"]
+    labels = [*COMPRESSORS, sq.ORACLE, "oktopk_exact", "topka+dgc"]
     expected = {(a, P, d) for a in labels for P in (1, 2, 4)
                 for d in (("0.05", "0.1") if a not in COMPRESSORS or COMPRESSORS[a].uses_density else ("-",))}
     assert set(rows) == expected
@@ -265,6 +292,7 @@ def test_command_writes_its_table_plot_and_steps(tiny_manifest, tmp_path):
         assert rows[("topka", P, "0.05")][words] == f"{2 * k * (P - 1):,}"  # k pairs from each of the others
         assert rows[(sq.ORACLE, P, "0.05")]["entries updated"] == "1.00 k"
         assert rows[(sq.ORACLE, P, "0.05")]["ranks per applied entry"] == f"{P}.00 of {P}"
+    assert all(rows[("topka+dgc", P, "0.05")][momentum] == "-" for P in (1, 2, 4))  # its momentum is in the memories
     for density in ("0.05", "0.1"):  # at P = 1 TopkA and Ok-Topk with exact thresholds are the oracle
         for label in ("topka", "oktopk_exact"):
             for column in (cos, momentum, owed):

@@ -34,10 +34,7 @@ class SGDStep:
     def __init__(self, params: list[torch.nn.Parameter], cfg: OptimConfig, world_size: int = 1,
                  momentum_in_exchange: bool = False):
         self.params, self.cfg, self.momentum_in_exchange = params, cfg, momentum_in_exchange
-        # Local clipping: a rank's gradient is a mean over its own utterances, the synchronised one a mean of P of
-        # them, so with independent noise the norms differ by sqrt(P). DGC writes the same rule for a SUM of
-        # gradients over ranks as "the threshold scaled by P^-1/2".
-        self.local_max_norm = cfg.max_grad_norm * world_size ** 0.5
+        self.world_size = world_size
         in_optimizer = not momentum_in_exchange
         self.optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum if in_optimizer else 0.0,
                                          nesterov=cfg.nesterov and in_optimizer,
@@ -45,12 +42,9 @@ class SGDStep:
 
     def before_exchange(self, flat_grad: torch.Tensor) -> None:
         """With the momentum in the exchange: clip this rank's gradient, then add weight decay to it."""
-        if not self.momentum_in_exchange:
-            return
-        clip_grad_norm_(flat_grad, self.local_max_norm)
-        if self.cfg.weight_decay:
-            torch._foreach_add_([p.grad for p in self.params], [p.detach() for p in self.params],
-                                alpha=self.cfg.weight_decay)
+        if self.momentum_in_exchange:
+            local_terms_(flat_grad, [p.grad for p in self.params], [p.detach() for p in self.params], self.cfg,
+                         self.world_size)
 
     def after_exchange(self, flat_grad: torch.Tensor, lr: float) -> float:
         """Clip the synchronised update (unless each rank's gradient was clipped), step; the norm before clipping."""
@@ -58,6 +52,17 @@ class SGDStep:
         set_learning_rate(self.optimizer, lr)
         self.optimizer.step()
         return norm
+
+
+def local_terms_(flat_grad: torch.Tensor, grads: list[torch.Tensor], params: list[torch.Tensor], cfg: OptimConfig,
+                 world_size: int) -> None:
+    """What the optimizer would add, on one rank's gradient before an exchange that carries the momentum (DGC):
+    clip it (`flat_grad`; `grads` are views into it) at max_grad_norm x sqrt(P), then add weight_decay x params.
+    Why sqrt(P): a rank's gradient is a mean over its own utterances, the synchronised one a mean of P of them, so
+    with independent noise their norms differ by sqrt(P); DGC states the rule for a SUM over ranks as P^-1/2."""
+    clip_grad_norm_(flat_grad, cfg.max_grad_norm * world_size ** 0.5)
+    if cfg.weight_decay:
+        torch._foreach_add_(grads, params, alpha=cfg.weight_decay)
 
 
 def learning_rate(cfg: OptimConfig, step: int, epoch: int) -> float:
