@@ -26,6 +26,9 @@ Writes, under --out:
       the relative interval ("not resolved" when it holds both -5% and +5%; the rule: sparse_asr/stats.py).
       A seed that only one side ran, or a value one side never logged, is named in `unpaired`. Runs pair
       by their config's `seed`; a run's label is its name without the suffix -s<seed>.
+  paired_curves_vs_step.png (with --paired-against)
+      one colour per label: the mean over its seeds of dev WER and train loss (log scale) at every step all
+      its seeds logged, the 95% interval of that mean as a band, each seed as a faint line.
 A tag a run never logged leaves its cells empty (and its curve out of the plot), never NaN errors.
 """
 from __future__ import annotations
@@ -449,6 +452,58 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
     return written
 
 
+def seed_band(runs_by_seed: dict[int, Run], tag: str) -> dict | None:
+    """Over the seeds of one label: the steps every seed logged `tag` at, each seed's values there (one row per
+    seed), and per step the mean with its 95% Student-t interval (sparse_asr/stats.py; low/high None for one
+    seed). None when no step is shared."""
+    curves = [run.curves[tag] for run in runs_by_seed.values() if tag in run.curves]
+    if not curves:
+        return None
+    steps = curves[0].steps
+    for curve in curves[1:]:
+        steps = np.intersect1d(steps, curve.steps)
+    if not steps.size:
+        return None
+    values = np.stack([curve.values[np.searchsorted(curve.steps, steps)] for curve in curves])
+    intervals = [paired_interval([float(v) for v in column]) for column in values.T]
+    return {"steps": steps, "values": values, "mean": np.array([i.mean for i in intervals]),
+            "low": [i.low for i in intervals], "high": [i.high for i in intervals]}
+
+
+def plot_paired(runs: list[Run], out_dir: Path) -> Path:
+    """paired_curves_vs_step.png: one colour per label (algorithm), its mean over seeds as a line with the 95%
+    interval of that mean as a band (seed_band), every seed faint beneath; dev WER, and train loss on a log scale
+    (it falls by orders of magnitude early on)."""
+    groups = runs_by_label_and_seed(runs)
+    colours = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
+    panels = [("val/wer", "dev WER", False), ("train/loss", "train loss (CTC), log scale", True)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(13, 4.8))
+    for ax, (tag, title, log_y) in zip(axes, panels):
+        for colour, (label, by_seed) in zip(colours, groups.items()):
+            band = seed_band(by_seed, tag)
+            if band is None:
+                continue
+            steps, n = band["steps"], band["values"].shape[0]
+            for row in band["values"]:
+                ax.plot(steps, row, color=colour, alpha=0.18, linewidth=0.8)
+            ax.plot(steps, band["mean"], color=colour, linewidth=2,
+                    label=f"{label} (mean of {n} seed{'s' if n > 1 else ''})")
+            if n > 1:
+                ax.fill_between(steps, band["low"], band["high"], color=colour, alpha=0.25, linewidth=0)
+        ax.set_title(title)
+        ax.set_xlabel("optimizer step")
+        if log_y:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("mean over seeds, 95% interval of the mean shaded")
+    fig.tight_layout()
+    path = out_dir / "paired_curves_vs_step.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def run_targets(runs: list[Run], target_run: str, slack: float) -> list[float | None]:
     """Each run's target dev WER for --target-run: the best dev WER x (1 + slack) of the run of that name,
     or, when no run has that name but runs are labelled so (<label>-s<seed>), of the one at the run's own
@@ -514,6 +569,8 @@ def main(argv=None) -> int:
                 print(f"compare_runs: warning: {row['run']} {row['metric']}: unpaired: {row['unpaired']}",
                       file=sys.stderr)
     plots = plot(runs, out_dir)
+    if paired is not None:
+        plots.append(plot_paired(runs, out_dir))
     print(markdown)
     print("wrote", ", ".join(str(p) for p in [*written, *plots]))
     return 0

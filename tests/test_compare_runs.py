@@ -407,6 +407,28 @@ def test_paired_comparison_by_hand(seeded_runs, tmp_path):
 
 
 @pytest.mark.unit
+def test_paired_curves_are_the_mean_over_seeds_with_its_interval(seeded_runs, tmp_path):
+    """The paired plot's data, by hand: dense's dev WER at steps 10 (0.75 on every seed: no width) and 20 (0.5,
+    0.5, 0.25: mean 5/12, sd 0.1443, t(0.975, 2) = 4.3027, half-width 0.3586); topka's at its seeds 1, 2, 4."""
+    cr = compare_runs
+    runs = [cr.load_run(d) for d in seeded_runs]
+    groups = cr.runs_by_label_and_seed(runs)
+    dense = cr.seed_band(groups["dense"], "val/wer")
+    assert list(dense["steps"]) == [10, 20] and dense["values"].shape == (3, 2)
+    assert dense["mean"] == pytest.approx([0.75, 5 / 12]) and dense["low"][0] == dense["high"][0] == pytest.approx(0.75)
+    assert (dense["low"][1], dense["high"][1]) == pytest.approx((5 / 12 - 0.35856, 5 / 12 + 0.35856), abs=1e-4)
+    loss = cr.seed_band(groups["oktopk"], "train/loss")
+    assert list(loss["steps"]) == list(range(1, 21)) and loss["mean"] == pytest.approx([30.0 - s for s in range(1, 21)])
+    assert cr.seed_band(groups["topka"], "test/wer")["values"].shape == (2, 1)  # seed 2 logged none
+    assert cr.seed_band(groups["topka"], "no/such_tag") is None
+    out = tmp_path / "compare"
+    proc = compare(*seeded_runs, "--out", out, "--paired-against", "dense")
+    assert proc.returncode == 0, proc.stderr
+    png = (out / "paired_curves_vs_step.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+
+
+@pytest.mark.unit
 def test_target_run_by_label_takes_the_run_at_the_same_seed(seeded_runs, tmp_path):
     out = tmp_path / "compare"
     proc = compare(*seeded_runs, "--out", out, "--target-run", "dense")
