@@ -24,6 +24,7 @@ from sparse_asr.comm import Communicator
 from sparse_asr.compression.dense import DenseAllreduce
 from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
 from sparse_asr.models import build_model
+from sparse_asr.training.launch import setup_process
 from sparse_asr.training.loss import batch_loss
 
 
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
         if world.rank == 0:
             print(f"bn_shards: run with mpiexec -n {max(ranks)} (the largest P), not {world.size}", file=sys.stderr)
         return 2
-    torch.set_num_threads(1)
+    setup_process(world, "cpu", threads=1)
     torch.manual_seed(args.seed)  # the same initial model on every rank
     dataset = SpeechDataset(args.manifest)
     sampler = BucketingSampler(dataset.durations, args.global_batch, seed=args.seed)

@@ -37,6 +37,7 @@ from sparse_asr.models import build_model
 from sparse_asr.training.checkpoint import (Progress, RankState, TrainingState, load_training_state, point_link,
                                             rng_state, save_training_state)
 from sparse_asr.training.config import load_config, to_dict
+from sparse_asr.training.launch import setup_process
 from sparse_asr.training.optim import SGDStep
 from sparse_asr.training.runtime import run_or_abort
 
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
 
 
 def run(args, comm) -> None:
-    torch.set_num_threads(1)
+    setup_process(comm, "cpu", threads=1)
     out = comm.bcast_object(make_out_dir(args.out) if comm.rank == 0 else None)
     if isinstance(out, str):  # rank 0's error, raised on every rank
         raise SystemExit(f"checkpoint_io.py: error: {out}")

@@ -50,6 +50,7 @@ import yaml
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import COMPRESSORS, build_compressor
 from sparse_asr.models import model_with_numel
+from sparse_asr.training.launch import setup_process
 
 LAYERS = 40
 WORD = 4
@@ -177,8 +178,8 @@ def main():
     if args.steps < 1 or args.numel < 1:
         parser.error("--steps and --numel must be positive")
 
-    torch.set_num_threads(1)
     comm = Communicator()
+    setup_process(comm, "cpu", threads=1)
     P = comm.size
     source = GradientSource(args.numel, comm.rank, args.seed)
     shapes, shapes_from = parameter_shapes(args.numel, source)

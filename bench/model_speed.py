@@ -12,7 +12,9 @@ import time
 
 import torch
 
+from sparse_asr.comm import Communicator
 from sparse_asr.models import MODELS, build_model
+from sparse_asr.training.launch import setup_process
 from sparse_asr.training.loss import ctc_loss_sum
 
 
@@ -43,7 +45,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    setup_process(Communicator(), "cpu", threads=args.threads)
 
     from sparse_asr.training.runtime import cpu_model
 

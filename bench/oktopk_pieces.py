@@ -26,8 +26,10 @@ import torch
 
 from comm_volume import GradientSource
 from oktopk_vs_baseline import export_baseline, load_package
+from sparse_asr.comm import Communicator
 from sparse_asr.compression import base, selection
 from sparse_asr.compression.oktopk import RADIX_BINS, sum_sorted_runs
+from sparse_asr.training.launch import setup_process
 
 
 def old_merge(local_idx, idx, vals):
@@ -48,7 +50,7 @@ def main():
     parser.add_argument("--P", type=int, default=2, help="ranks whose selections the owner merges")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    setup_process(Communicator(), "cpu", threads=1)
     with tempfile.TemporaryDirectory(prefix="oktopk-baseline-") as root:
         commit = export_baseline(args.baseline, Path(root))
         load_package("comm", Path(root))

@@ -36,6 +36,7 @@ import torch
 from comm_volume import GradientSource
 from sparse_asr.comm import Communicator
 from sparse_asr.compression.oktopk import OkTopk
+from sparse_asr.training.launch import setup_process
 
 REPO = Path(__file__).resolve().parent.parent
 WORD = 4
@@ -99,8 +100,8 @@ def main():
     if args.steps < 1 or args.warmup < 0 or args.numel < 1:
         parser.error("--steps must be positive, --warmup non-negative, --numel positive")
 
-    torch.set_num_threads(1)
     comm = Communicator()
+    setup_process(comm, "cpu", threads=1)
     P, rank = comm.size, comm.rank
     tmp = tempfile.TemporaryDirectory(prefix="oktopk-baseline-") if rank == 0 else None
     root = comm.bcast_object(tmp.name if tmp else None)

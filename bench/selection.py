@@ -28,7 +28,9 @@ import time
 
 import torch
 
+from sparse_asr.comm import Communicator
 from sparse_asr.compression.selection import kth_largest_magnitude_radix, threshold_indices, topk_threshold_select
+from sparse_asr.training.launch import setup_process
 
 LSTMAN4_NUMEL = 27_569_568
 
@@ -105,13 +107,13 @@ def main():
     ap.add_argument("--devices", nargs="+", default=["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     args = ap.parse_args()
 
-    rows = []
+    comm, rows = Communicator(), []
     for device in args.devices:
         if device == "cuda" and not torch.cuda.is_available():
             raise SystemExit("--devices cuda: no CUDA device here")
         x = heavy_tailed(args.numel, device)
         for threads in args.threads if device == "cpu" else [torch.get_num_threads()]:
-            torch.set_num_threads(threads)
+            setup_process(comm, "cpu", threads=threads)  # the CPU threads are this bench's variable
             for density in args.densities:
                 k = max(1, round(density * args.numel))
                 t_ref = float(torch.topk(x.abs(), k, sorted=False).values.min())

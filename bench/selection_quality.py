@@ -79,7 +79,7 @@ import pandas as pd
 import torch
 import yaml
 
-from sparse_asr.comm import ThreadGroup
+from sparse_asr.comm import Communicator, ThreadGroup
 from sparse_asr.compression import (COMPRESSORS, Compressor, MomentumCorrection, SparseCompressor, StepStats,
                                     build_compressor, sparse_algorithms)
 from sparse_asr.compression.base import all_finite
@@ -91,6 +91,7 @@ from sparse_asr.models import build_model
 from sparse_asr.training.loss import batch_loss
 from sparse_asr.training.checkpoint import load_shared
 from sparse_asr.training.config import load_config
+from sparse_asr.training.launch import setup_process
 from sparse_asr.training.optim import (SGDStep, attach_flat_grad, clip_grad_norm_, learning_rate, local_terms_,
                                        set_learning_rate)
 from sparse_asr.training.runtime import cpu_model
@@ -665,7 +666,7 @@ def settings_from(args, cfg) -> tuple[Settings, str]:
 def main(argv=None) -> int:
     t_start = time.perf_counter()
     args = parse_args(argv)
-    torch.set_num_threads(1)  # one per simulated rank: the ranks' threads share the cores
+    setup_process(Communicator(), "cpu", threads=1)  # one per simulated rank: the ranks' threads share the cores
     try:
         cfg = load_config(args.config, args.overrides)
         s, batch_note = settings_from(args, cfg)

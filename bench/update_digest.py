@@ -16,6 +16,7 @@ import torch
 
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import COMPRESSORS, build_compressor
+from sparse_asr.training.launch import setup_process
 
 N = 2999  # as tests/mpi/compressor_check.py
 
@@ -46,8 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
-    torch.set_num_threads(1)
     comm = Communicator()
+    setup_process(comm, "cpu", threads=1)
     rows = [(name, digest(comm, name, args.steps)) for name in sorted(COMPRESSORS)]
     if comm.rank == 0:
         print(f"| algorithm | P | SHA-256 of {args.steps} steps' updates and memories (first 16 hex) |\n|---|---|---|")
