@@ -54,7 +54,8 @@ class StepStats:
     extra: dict[str, float] = field(default_factory=dict)  # algorithm-specific figures
 
     @property
-    def density(self) -> float:
+    def achieved_density(self) -> float:
+        """Entries in the global update / numel (the compressor's `density` is its target: k = density x numel)."""
         return self.selected_global / self.numel
 
 

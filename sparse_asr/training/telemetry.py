@@ -31,7 +31,7 @@ class StepRecord:
         return {"loss": self.loss, "grad_norm": self.grad_norm, "seconds_compute": self.seconds_compute,
                 "seconds_step": self.seconds_step, "seconds_select": st.seconds_select,
                 "seconds_comm": st.seconds_comm, "bytes_sent": st.bytes_sent, "bytes_recv": st.bytes_recv,
-                "dense_bytes": st.dense_bytes, "messages": st.messages, "density": st.density,
+                "dense_bytes": st.dense_bytes, "messages": st.messages, "density": st.achieved_density,
                 "dense": float(st.dense), **{f"{st.algorithm}/{k}": v for k, v in st.extra.items()}}
 
 
@@ -117,14 +117,14 @@ class RunMeter:
 
     def __init__(self, comm, global_batch: int, syncbn: bool):
         self.comm, self.global_batch, self.syncbn = comm, global_batch, syncbn
-        self.window, self.epoch = MetricWindow(), MetricWindow()  # since the last log line; this epoch
+        self.window, self.epoch_window = MetricWindow(), MetricWindow()  # since the last log line; this epoch
         self.cum_bytes_recv = 0.0  # this rank's, since the run started
         self.algorithm: str | None = None  # the exchange of the last step
         self.syncbn_logged = comm.counts(SYNCBN_OP).bytes_recv  # the Communicator's, at the last log line
         self.t_last = time.perf_counter()
 
     def start_epoch(self) -> None:
-        self.t_last = self.epoch.t0 = time.perf_counter()
+        self.t_last = self.epoch_window.t0 = time.perf_counter()
 
     def add(self, record: StepRecord) -> str | None:
         """Count one step taken; returns the exchange's name when it changed (the first step, the end of the
@@ -133,7 +133,7 @@ class RunMeter:
         record.seconds_step, self.t_last = now - self.t_last, now
         self.cum_bytes_recv += record.stats.bytes_recv
         self.window.add(record)
-        self.epoch.add(record)
+        self.epoch_window.add(record)
         switched, self.algorithm = record.stats.algorithm != self.algorithm, record.stats.algorithm
         return self.algorithm if switched else None
 
@@ -152,7 +152,7 @@ class RunMeter:
 
     def epoch_end(self) -> tuple[dict[str, float], dict[str, float]] | None:
         """Collective: the epoch's means (by field name, and under the epoch tags), or None if no step was taken."""
-        m = self.epoch.reduce(self.comm, self.global_batch)
+        m = self.epoch_window.reduce(self.comm, self.global_batch)
         return None if m is None else (m, tagged(m, EPOCH_TAGS))
 
     def log_interval(self, log, progress, total_steps: int, lr: float, eta_seconds: float) -> None:
@@ -191,11 +191,11 @@ class RunMeter:
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the meter (RankState's fields of the same names)."""
-        return {"cum_bytes_recv": self.cum_bytes_recv, "epoch_window": self.epoch.state_dict()}
+        return {"cum_bytes_recv": self.cum_bytes_recv, "epoch_window": self.epoch_window.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.cum_bytes_recv = state["cum_bytes_recv"]
-        self.epoch.load_state_dict(state["epoch_window"])
+        self.epoch_window.load_state_dict(state["epoch_window"])
 
 
 def format_duration(seconds: float) -> str:
