@@ -52,7 +52,8 @@ Compressors are bare (compression.dense_1d and warm-up do not apply; the dense s
 their default options; --variant adds an algorithm with other options as a row of its own, and --dgc ALGORITHM
 a row "ALGORITHM+dgc" with Deep Gradient Compression's memory (compression.memory=dgc: momentum correction, the
 config's momentum_masking; each rank's gradient clipped at max_grad_norm x sqrt(P) and given weight decay before
-it, as training/optim.py does; its momentum starts from zero when the sparse steps begin).
+it, as training/optim.py does; every rank's momentum starts from the model's when the sparse steps begin, as if
+DGC had run at density 1 until then, which is momentum SGD).
 
 Outputs: the table (printed; --out FILE.md writes it), a plot of cos(update, dense) against P, one line per
 algorithm, one panel per density plus one against density at the largest P (FILE.png), and every step's
@@ -469,6 +470,9 @@ def run_bench(cfg, s: Settings, log=print, start: dict | None = None) -> tuple[p
                 for sim in simulated.values():
                     for run in sim.runs:
                         run.momentum = None if run.algorithm.dgc else ShadowMomentum(start, cfg.optim)
+                        if run.algorithm.dgc:  # every rank's momentum = the model's (as if DGC ran at density 1 so
+                            for c in run.compressors:  # far, which is momentum SGD); Nesterov's form holds m x buffer
+                                c.memory.u.copy_(start * cfg.optim.momentum if cfg.optim.nesterov else start)
             for P, sim in simulated.items():
                 t0 = time.perf_counter(), time.process_time()
                 results = sim.step(grads[P], params_now)
