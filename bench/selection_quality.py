@@ -72,7 +72,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -626,6 +626,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="write the table to this .md, the plot beside it (.png) and "
                         "every step's figures (.csv)")
     parser.add_argument("--log-every", type=int, default=10, help="progress line every N steps (0: none)")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="S",
+                        help="one trajectory per seed (its initial model, data order and masks): every figure as a mean "
+                        "with its 95%% interval over them, and each algorithm's gap to the oracle (bench/selection_intervals.py)")
+    parser.add_argument("--per-rank", type=int, nargs="+", metavar="U",
+                        help="the grid: every P of --ranks x U utterances per rank (global batch P x U, one trajectory per "
+                        "global batch and seed), the cells compared seed by seed")
     parser.add_argument("--checkpoint", help="start from this training checkpoint (a run directory or one of its "
                         "checkpoints): its model, momentum and place in the learning-rate schedule, instead of a fresh "
                         "model; the config must name the same model")
@@ -655,7 +661,11 @@ def settings_from(args, cfg) -> tuple[Settings, str]:
         raise ValueError("two rows with the same algorithm label")
     lcm = math.lcm(*ranks)
     configured = cfg.train.global_batch_size or cfg.train.batch_per_rank * ranks[-1]
-    if args.global_batch is not None:
+    if args.per_rank is not None:
+        if args.global_batch is not None or min(args.per_rank) < 1:
+            raise ValueError("--per-rank takes utterances per rank >= 1 and sets the global batches itself (no --global-batch)")
+        batch, note = lcm * max(args.per_rank), "--per-rank: P x U per cell"
+    elif args.global_batch is not None:
         if args.global_batch % lcm:
             raise ValueError(f"--global-batch {args.global_batch} is not a multiple of every P ({lcm})")
         batch, note = args.global_batch, "--global-batch"
@@ -697,6 +707,8 @@ def main(argv=None) -> int:
         f"1 torch thread per simulated rank",
     ]
     print("\n".join(header), flush=True)
+    if args.seeds or args.per_rank:
+        return over_trajectories(args, cfg, s, start, header, t_start)
     steps, seconds = run_bench(cfg, s, start=start)
     summary = summarise(steps)
     wall = time.perf_counter() - t_start
@@ -722,6 +734,48 @@ def main(argv=None) -> int:
         steps.to_csv(args.out.with_suffix(".csv"), index=False)
         plot(summary, args.out.with_suffix(".png"), s.densities)
         print(f"wrote {args.out}, {args.out.with_suffix('.png')} and {args.out.with_suffix('.csv')}")
+    return 0
+
+
+def over_trajectories(args, cfg, s: Settings, start, header: list[str], t_start: float) -> int:
+    """--seeds / --per-rank: one run_bench per (global batch, seed), then the tables of bench/selection_intervals.py."""
+    import selection_intervals as si  # beside this file
+
+    seeds = args.seeds or [cfg.seed]
+    if args.per_rank:
+        batches: dict[int, list[int]] = {}
+        for P in s.ranks:
+            for u in args.per_rank:
+                batches.setdefault(P * u, []).append(P)
+    else:
+        batches = {s.global_batch: s.ranks}
+    frames = []
+    for batch, ranks in sorted(batches.items()):
+        for seed in seeds:
+            print(f"trajectory: global batch {batch}, P {' '.join(map(str, ranks))}, seed {seed}", flush=True)
+            steps, _ = run_bench(replace(cfg, seed=seed), replace(s, ranks=sorted(ranks), global_batch=batch),
+                                 log=lambda *a, **k: None, start=start)
+            frames.append(steps.assign(seed=seed, global_batch=batch))
+    steps = pd.concat(frames, ignore_index=True)
+    trajectories = si.per_trajectory(steps)
+    parts = [si.over_seeds_markdown(si.over_seeds(trajectories))]
+    if args.per_rank:
+        for label in dict.fromkeys(trajectories["algorithm"]):
+            if label not in (ORACLE, "dense"):
+                for density in s.densities:
+                    parts.append(si.grid_markdown(trajectories, label, density))
+    wall = time.perf_counter() - t_start
+    footer = (f"{len(frames)} trajectories ({len(batches)} global batches x {len(seeds)} seeds); wall time: {wall:.0f} s "
+              f"({wall / 60:.1f} min), CPU time {time.process_time():.0f} s (all threads); load average "
+              f"{os.getloadavg()[0]:.1f} at the end. Each figure: its mean over a trajectory's sparse steps, then the mean "
+              f"over trajectories with its 95% Student-t interval; the gap to the oracle is taken within each trajectory.")
+    text = "\n".join(header) + "\n\n" + "\n\n".join(parts) + "\n\n" + footer + "\n"
+    print("\n" + text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        steps.to_csv(args.out.with_suffix(".csv"), index=False)
+        print(f"wrote {args.out} and {args.out.with_suffix('.csv')}")
     return 0
 
 

@@ -16,6 +16,7 @@ import sys
 from itertools import islice
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -345,3 +346,59 @@ def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifes
     missing = tmp_path / "no-such-run"
     assert sq.main(["--config", str(REPO / "configs" / "smoke.yaml"), "--checkpoint", str(missing)]) == 2
     assert f"selection_quality: checkpoint {missing} does not exist" in capsys.readouterr().err
+
+
+def load_intervals():
+    spec = importlib.util.spec_from_file_location("selection_intervals", REPO / "bench" / "selection_intervals.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.unit
+def test_figures_over_trajectories_by_hand():
+    """Two steps per trajectory, three seeds, two cells (P = 2 at 2 and at 4 utterances per rank). Ok-Topk's gap
+    to the oracle (0.9 everywhere): at 2/rank 0.10, 0.12, 0.14 (mean 0.12, sd 0.02, t(0.975, 2) = 4.3027, half-width
+    0.04968); at 4/rank 0.05, 0.06, 0.07; their paired difference -0.06 [-0.0848, -0.0352]: resolved."""
+    si = load_intervals()
+    rows = []
+    for seed, gaps in zip((1, 2, 3), ((0.10, 0.05), (0.12, 0.06), (0.14, 0.07))):
+        for batch, gap in zip((4, 8), gaps):
+            for step, wiggle in ((0, -0.01), (1, 0.01)):  # the step mean is the middle
+                rows.append(dict(seed=seed, global_batch=batch, step=step, algorithm="oracle", P=2, density=0.05,
+                                 cos_update=0.9, cos_step=0.95, owed=1.0))
+                rows.append(dict(seed=seed, global_batch=batch, step=step, algorithm="oktopk", P=2, density=0.05,
+                                 cos_update=0.9 - gap + wiggle, cos_step=0.9, owed=1.5 + wiggle))
+    trajectories = si.per_trajectory(pd.DataFrame(rows))
+    ok = trajectories[trajectories["algorithm"] == "oktopk"].sort_values(["global_batch", "seed"])
+    assert ok["gap"].tolist() == pytest.approx([0.10, 0.12, 0.14, 0.05, 0.06, 0.07])
+    assert ok["owed"].tolist() == pytest.approx([1.5] * 6)
+    table = si.over_seeds(trajectories).set_index(["global_batch", "algorithm"])
+    assert table.loc[(4, "oktopk"), "gap"] == "0.120 [0.070, 0.170]" and table.loc[(4, "oktopk"), "n"] == 3
+    assert table.loc[(4, "oracle"), "gap"] == "0.000 [0.000, 0.000]"
+    grid = si.grid_markdown(trajectories, "oktopk", 0.05)
+    assert "| 2 | 0.120 [0.070, 0.170] | 0.060 [0.035, 0.085] |" in grid
+    assert "| P=2, 2/rank | P=2, 4/rank | 3 | -0.060 [-0.085, -0.035] | yes |" in grid
+    assert si.interval_text([0.5]) == "0.500 (n=1)" and si.interval_text([]) == "-"
+
+
+def test_the_grid_over_seeds_runs_a_trajectory_per_batch_and_seed(tiny_manifest, tmp_path):
+    """--seeds 1 2 --per-rank 1 2 --ranks 1 2: global batches 1, 2 and 4, two trajectories each; the grid's cells and
+    their comparisons are written, and the oracle's gap to itself is exactly 0 in every trajectory."""
+    out = tmp_path / "grid.md"
+    command = [sys.executable, "bench/selection_quality.py", "--config", "configs/smoke.yaml", "--ranks", "1", "2",
+               "--per-rank", "1", "2", "--seeds", "1", "2", "--dense-steps", "1", "--steps", "2", "--densities", "0.05",
+               "--algorithms", "oracle", "oktopk", "--out", str(out), f"data.train_manifest={tiny_manifest}",
+               "data.max_train_utterances=0", "model.sync_batchnorm=true"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = out.read_text()
+    assert "6 trajectories (3 global batches x 2 seeds)" in text
+    assert "| P \\ utterances per rank | 1 | 2 |" in text and "| P=1, 1/rank | P=1, 2/rank | 2 |" in text
+    steps = pd.read_csv(out.with_suffix(".csv"))
+    assert sorted(steps.groupby(["global_batch", "seed"]).size().index.tolist()) == [(b, s) for b in (1, 2, 4) for s in (1, 2)]
+    assert set(steps[steps["global_batch"] == 4]["P"]) == {2}  # 4 = 2 ranks x 2 (1 x 4 is not a cell)
+    bad = subprocess.run(command[:-5] + ["--global-batch", "8", "--out", str(out)] + command[-3:], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert bad.returncode == 2 and "--per-rank" in bad.stderr
