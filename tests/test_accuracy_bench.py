@@ -53,7 +53,7 @@ def test_tiny_benchmark_writes_one_table_of_real_figures(an4_manifests, tmp_path
         for key in ("final_dev_wer", "best_dev_wer", "test_wer", "test_cer", "step_ms", "bytes_recv_per_step"):
             assert math.isfinite(float(row[key])) and float(row[key]) > 0, (algorithm, key, row)
         assert float(row["syncbn_bytes_per_step"]) == syncbn, row
-        assert (out / "runs" / algorithm / "checkpoints" / "last" / "manifest.json").is_file()
+        assert (out / "runs" / algorithm / "checkpoints" / "last" / "index.json").is_file()
         assert f"done: {out / 'runs' / algorithm}" in (out / "logs" / f"{algorithm}.log").read_text()
     # dense reaches its own best dev WER (x 1.05) by definition, at a step of the run and the bytes received by then
     dense = rows["dense"]

@@ -15,7 +15,7 @@ import torch
 
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import build_compressor
-from sparse_asr.training.checkpoint import (MANIFEST, CheckpointError, Progress, RankState, TrainingState, index_digest,
+from sparse_asr.training.checkpoint import (INDEX, CheckpointError, Progress, RankState, TrainingState, index_digest,
                                             check_state_fits, find_checkpoint, load_shared, load_training_state,
                                             rng_state, save_training_state, set_rng_state)
 from sparse_asr.training.config import ConfigError, load_config, to_dict
@@ -61,11 +61,11 @@ def test_round_trip_and_manifest(tmp_path):
     state = make_state(6)
     directory = save_training_state(comm, tmp_path / "checkpoints", state)
     assert directory == tmp_path / "checkpoints" / "step-00000006"
-    assert sorted(p.name for p in directory.iterdir()) == [MANIFEST, "rank0.pt", "shared.pt"]
-    manifest = json.loads((directory / MANIFEST).read_text())
-    assert (manifest["world_size"], manifest["step"], manifest["epoch"]) == (1, 6, 1)
-    assert manifest["config"] == state.config
-    for name, entry in manifest["files"].items():  # the hash computed while writing is the file's
+    assert sorted(p.name for p in directory.iterdir()) == [INDEX, "rank0.pt", "shared.pt"]
+    index = json.loads((directory / INDEX).read_text())
+    assert (index["world_size"], index["step"], index["epoch"]) == (1, 6, 1)
+    assert index["config"] == state.config
+    for name, entry in index["files"].items():  # the hash computed while writing is the file's
         data = (directory / name).read_bytes()
         assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
     assert os.readlink(tmp_path / "checkpoints" / "last") == "step-00000006"  # relative: the run can move
@@ -77,8 +77,8 @@ def test_round_trip_and_manifest(tmp_path):
     assert_same(loaded.mine.compressor, state.mine.compressor)
     assert_same(loaded.mine.buffers, state.mine.buffers)
     assert loaded.mine.meter == state.mine.meter and loaded.mine.meter["cum_bytes_recv"] == 738.0
-    manifest2, shared = load_shared(directory)  # what evaluate.py reads: the shared file only
-    assert manifest2 == manifest and torch.equal(shared["model"]["w"], state.model["w"])
+    index2, shared = load_shared(directory)  # what evaluate.py reads: the shared file only
+    assert index2 == index and torch.equal(shared["model"]["w"], state.model["w"])
 
 
 @pytest.mark.unit
@@ -106,11 +106,11 @@ class RunsCode:
 def rewrite_with_index(directory: Path, name: str, obj) -> None:
     """Replace one file of a checkpoint and re-sign the index, as whoever writes a shared file can."""
     torch.save(obj, directory / name)
-    manifest = json.loads((directory / MANIFEST).read_text())
+    index = json.loads((directory / INDEX).read_text())
     data = (directory / name).read_bytes()
-    manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    manifest["index_sha256"] = index_digest(manifest)
-    (directory / MANIFEST).write_text(json.dumps(manifest))
+    index["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    index["index_sha256"] = index_digest(index)
+    (directory / INDEX).write_text(json.dumps(index))
 
 
 @pytest.mark.parametrize("name", ["shared.pt", "rank0.pt"])
@@ -137,11 +137,14 @@ def test_a_checkpoint_that_would_run_code_is_refused_unopened(tmp_path, name):
 def test_an_older_format_is_refused_with_its_version(tmp_path):
     directory = save_training_state(Communicator(), tmp_path / "checkpoints", make_state(1))
     for version, why in ((3, "holds pickled"), (4, "keeps the ranks' states in another layout")):
-        manifest = {**json.loads((directory / MANIFEST).read_text()), "format_version": version}
-        manifest["index_sha256"] = index_digest(manifest)
-        (directory / MANIFEST).write_text(json.dumps(manifest))
+        index = {**json.loads((directory / INDEX).read_text()), "format_version": version}
+        index["index_sha256"] = index_digest(index)
+        (directory / INDEX).write_text(json.dumps(index))
         with pytest.raises(CheckpointError, match=f"checkpoint format {version} is older than this code's 5 and {why}"):
             load_shared(directory)
+    (directory / INDEX).rename(directory / "manifest.json")  # formats 1-4 named their index so
+    with pytest.raises(CheckpointError, match="a checkpoint of format 4 or older .its index is manifest.json."):
+        load_shared(directory)
 
 
 @pytest.mark.parametrize("name", ["shared.pt", "rank0.pt"])
@@ -155,7 +158,7 @@ def test_a_damaged_file_is_refused_naming_it(tmp_path, name):
     with pytest.raises(CheckpointError, match=f"checkpoint file {path} is corrupted"):
         load_training_state(comm, directory)
     path.write_bytes(original[:-10])
-    with pytest.raises(CheckpointError, match=f"{path} has {len(original) - 10} bytes, the manifest says {len(original)}"):
+    with pytest.raises(CheckpointError, match=f"{path} has {len(original) - 10} bytes, the index says {len(original)}"):
         load_training_state(comm, directory)
     path.unlink()
     with pytest.raises(CheckpointError, match=f"checkpoint file {path} is missing"):
@@ -174,22 +177,22 @@ def test_load_errors_are_clear(tmp_path):
     with pytest.raises(CheckpointError, match="last.pt is a file; checkpoints are directories"):
         find_checkpoint(tmp_path / "last.pt")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="empty is neither a checkpoint .manifest.json missing"):
+    with pytest.raises(CheckpointError, match="empty is neither a checkpoint .index.json missing"):
         find_checkpoint(tmp_path / "empty")
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     with pytest.raises(CheckpointError, match="run directory .*run has no finished checkpoint"):
         find_checkpoint(tmp_path / "run")
     directory = save_training_state(comm, tmp_path / "two", make_state(1))
-    manifest = {**json.loads((directory / MANIFEST).read_text()), "world_size": 2}
-    manifest["index_sha256"] = index_digest(manifest)  # as 2 ranks would have written it
-    (directory / MANIFEST).write_text(json.dumps(manifest))
+    index = {**json.loads((directory / INDEX).read_text()), "world_size": 2}
+    index["index_sha256"] = index_digest(index)  # as 2 ranks would have written it
+    (directory / INDEX).write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="written by 2 ranks but this job has 1"):
         load_training_state(comm, directory)
-    (directory / MANIFEST).write_text("{ half a manifest")
-    with pytest.raises(CheckpointError, match="manifest.json cannot be read"):
+    (directory / INDEX).write_text("{ half an index")
+    with pytest.raises(CheckpointError, match="index.json cannot be read"):
         load_training_state(comm, directory)
-    (directory / MANIFEST).unlink()  # a save that died before its manifest
-    with pytest.raises(CheckpointError, match="manifest.json missing: an unfinished save"):
+    (directory / INDEX).unlink()  # a save that died before its index
+    with pytest.raises(CheckpointError, match="index.json missing: an unfinished save"):
         load_training_state(comm, directory)
 
 
@@ -227,7 +230,7 @@ def test_pruning_keeps_the_newest_and_what_best_points_at(tmp_path):
     assert os.readlink(checkpoints / "best") == "step-00000002" and os.readlink(checkpoints / "last") == "step-00000005"
     assert (checkpoints / "best").is_symlink()  # marking best copies nothing
     assert load_training_state(comm, checkpoints / "best").progress.step == 2
-    (checkpoints / "step-00000007").mkdir()  # a save that died before its manifest
+    (checkpoints / "step-00000007").mkdir()  # a save that died before its index
     (checkpoints / "step-00000007" / "rank0.pt").write_bytes(b"partial")
     save_training_state(comm, checkpoints, make_state(6), keep=2, best=True)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["best", "last", "step-00000005", "step-00000006"]
@@ -267,7 +270,7 @@ def test_resume_by_run_directory_uses_the_saved_config_where_the_run_now_lives(s
     assert checkpoint.index["step"] == 4  # the index read once, for loading to verify the files against
     assert cfg.run_dir.resolve() == moved.resolve()  # where the checkpoint is, not the name stored in it
     assert (cfg.train.epochs, cfg.train.log_every_steps, cfg.train.resume) == (5, 7, str(moved))
-    saved = json.loads((moved / "checkpoints" / "last" / MANIFEST).read_text())["config"]
+    saved = json.loads((moved / "checkpoints" / "last" / INDEX).read_text())["config"]
     assert cfg.model.name == saved["model"]["name"] and cfg.seed == saved["seed"]
     assert config_for_run(None, [f"train.resume={moved}"], "", 1)[1] == checkpoint  # as a config key too
     # The same through a --config file: keys that differ from the saved config must be safe ones.
@@ -279,12 +282,12 @@ def test_resume_by_run_directory_uses_the_saved_config_where_the_run_now_lives(s
 def test_resume_a_checkpoint_written_before_a_key_existed(saved_run):
     """A key added to the code later (here compression.dense_1d, removed from the saved config as an older
     version would have written it) counts as its default: same run, resumable; set to another value, refused."""
-    manifest_path = saved_run / "checkpoints" / "last" / MANIFEST
-    manifest = json.loads(manifest_path.read_text())
-    del manifest["config"]["compression"]["dense_1d"]
-    manifest["config"]["compression"].update(algorithm="oktopk", options={"local_threshold_interval": 16})
-    manifest["index_sha256"] = index_digest(manifest)  # as that version would have signed it
-    manifest_path.write_text(json.dumps(manifest))
+    index_path = saved_run / "checkpoints" / "last" / INDEX
+    index = json.loads(index_path.read_text())
+    del index["config"]["compression"]["dense_1d"]
+    index["config"]["compression"].update(algorithm="oktopk", options={"local_threshold_interval": 16})
+    index["index_sha256"] = index_digest(index)  # as that version would have signed it
+    index_path.write_text(json.dumps(index))
     for config in (None, str(SMOKE_CONFIG)):
         overrides = ["train.epochs=5"] + (["compression.algorithm=oktopk",  # as saved, with nested options
                                            "compression.options.local_threshold_interval=16"] if config else [])

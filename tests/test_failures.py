@@ -52,7 +52,7 @@ def test_everything_a_run_writes_is_readable_by_the_group_as_the_umask_says(an4_
     finally:
         os.umask(previous)
     files = [p for p in (tmp_path / "shared").rglob("*") if p.is_file() and not p.is_symlink()]
-    assert {p.name for p in files} >= {"config.yaml", "metrics.jsonl", "manifest.json", "shared.pt", "rank0.pt"}
+    assert {p.name for p in files} >= {"config.yaml", "metrics.jsonl", "index.json", "shared.pt", "rank0.pt"}
     modes = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files}
     assert set(modes.values()) == {"0o644"}, modes
     assert oct(stat.S_IMODE((tmp_path / "dev.csv").stat().st_mode)) == "0o644"
@@ -179,7 +179,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint_and_refuses_an_edited
     found, note = locate_checkpoint(tmp_path / "fall")
     assert found == steps[-1].resolve() and note.startswith(f"{checkpoints / 'last'} does not exist: continuing "
                                                            f"from {steps[-1].name}"), note
-    index = steps[-1] / "manifest.json"
+    index = steps[-1] / "index.json"
     edited = json.loads(index.read_text())
     edited["step"] += 1  # 'step' 36 -> 37 by hand
     index.write_text(json.dumps(edited, indent=1))
@@ -444,7 +444,7 @@ def test_inputs_named_up_front(tmp_path):
 
     from sparse_asr.comm import Communicator
     from sparse_asr.data.audio import AudioError, audio_frames
-    from sparse_asr.training.checkpoint import MANIFEST, CheckpointError, read_index
+    from sparse_asr.training.checkpoint import INDEX, CheckpointError, read_index
     from sparse_asr.training.config import ConfigError, load_config
     from tests.test_checkpoint import make_state
     from sparse_asr.training.checkpoint import save_training_state
@@ -461,10 +461,10 @@ def test_inputs_named_up_front(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "argument --batch-size: invalid integer >= 1 value: '0'" in proc.stderr, proc.stderr
     directory = save_training_state(Communicator(), tmp_path / "checkpoints", make_state(3))
-    manifest = json.loads((directory / MANIFEST).read_text())
-    manifest["step"] = 1000  # edited, and its own digest deleted to pass
-    del manifest["index_sha256"]
-    (directory / MANIFEST).write_text(json.dumps(manifest))
+    index = json.loads((directory / INDEX).read_text())
+    index["step"] = 1000  # edited, and its own digest deleted to pass
+    del index["index_sha256"]
+    (directory / INDEX).write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="lacks its own SHA-256"):
         read_index(directory)
 

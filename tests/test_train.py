@@ -65,8 +65,8 @@ def test_smoke_end_to_end(tiny_manifest, tmp_path):
         assert all(math.isfinite(e.value) for e in events.Scalars(tag)), tag
     assert all(e.value == 1.0 for e in events.Scalars("comm/dense"))
     assert all(e.value == 1.0 for e in events.Scalars("comm/density"))
-    assert (run_dir / "checkpoints" / "last" / "manifest.json").is_file()
-    assert (run_dir / "checkpoints" / "best" / "manifest.json").is_file()
+    assert (run_dir / "checkpoints" / "last" / "index.json").is_file()
+    assert (run_dir / "checkpoints" / "best" / "index.json").is_file()
 
 
 def test_only_training_features_are_augmented(tiny_manifest, tmp_path, monkeypatch):

@@ -4,7 +4,7 @@
     checkpoints/step-00000120/
         rank0.pt, rank1.pt, ...  each rank's RankState, written by that rank
         shared.pt                config, model, optimizer, progress, extra (identical on every rank; rank 0)
-        manifest.json            world size, step, config, and every file's size and SHA-256; rank 0 writes
+        index.json               world size, step, config, and every file's size and SHA-256; rank 0 writes
                                  it LAST, so a directory without one is unfinished and is never read
     checkpoints/last -> step-00000120   relative symbolic links, replaced atomically (a rename)
     checkpoints/best -> step-00000096
@@ -14,7 +14,7 @@ per rank does not grow with P, and no message is larger than a few hundred bytes
 written atomically (temporary file, fsync, rename). `last` and `best` are links, not copies: marking
 a checkpoint best copies nothing, and the link is swapped in one rename; the pruning after each save
 (`train.keep_checkpoints` newest step directories) never deletes what a link points at. Loading
-checks every file it reads against the manifest (size and SHA-256) and refuses one that differs,
+checks every file it reads against the index (size and SHA-256) and refuses one that differs,
 naming it; on resume all ranks agree that their files are sound before any rank goes on.
 """
 from __future__ import annotations
@@ -38,7 +38,8 @@ from sparse_asr.fileio import atomic_write, atomic_write_text, fsync_dir
 # 4: every file loads with weights_only=True (RNG states as tensors); 5: each part's state under one key (the
 # meter's counters, the compressor's memory)
 FORMAT_VERSION = 5
-MANIFEST = "manifest.json"
+INDEX = "index.json"
+OLD_INDEX = "manifest.json"  # formats 1-4 (refused by name)
 SHARED = "shared.pt"
 
 
@@ -137,7 +138,7 @@ def save_training_state(comm, checkpoint_dir: str | Path, state: TrainingState, 
     if comm.rank == 0:
         files = {name: entry for part, _ in reports for name, entry in part.items()}
         try:
-            fsync_dir(target)  # the renames of every rank's file are durable before the manifest says so
+            fsync_dir(target)  # the renames of every rank's file are durable before the index says so
             write_index(target, state, comm.size, files)
         except OSError:
             shutil.rmtree(target, ignore_errors=True)
@@ -180,16 +181,16 @@ def write_hashed(path: Path, obj: dict) -> dict:
 
 
 def write_index(directory: Path, state: TrainingState, world_size: int, files: dict) -> None:
-    """The checkpoint's index (manifest.json, written last): every file's size and SHA-256, step, config."""
+    """The checkpoint's index (index.json, written last): every file's size and SHA-256, step, config."""
     expected = {SHARED} | {rank_file(r) for r in range(world_size)}
     if set(files) != expected:
         raise OSError(f"checkpoint {directory}: files {sorted(files)} were written, expected {sorted(expected)}")
     p = state.progress
-    manifest = {"format_version": FORMAT_VERSION, "world_size": world_size, "step": p.step, "epoch": p.epoch,
+    index = {"format_version": FORMAT_VERSION, "world_size": world_size, "step": p.step, "epoch": p.epoch,
                 "batch_in_epoch": p.batch_in_epoch, "config": state.config,
                 "files": {name: files[name] for name in sorted(files)}}
-    manifest["index_sha256"] = index_digest(manifest)
-    atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    index["index_sha256"] = index_digest(index)
+    atomic_write_text(directory / INDEX, json.dumps(index, indent=1) + "\n")
     fsync_dir(directory)
 
 
@@ -208,8 +209,8 @@ def resolve_link(path: Path) -> Path | None:
 
 
 def complete_checkpoints(checkpoint_dir: Path) -> list[Path]:
-    """The finished step directories (with a manifest), oldest first."""
-    dirs = [d for d in step_dirs(checkpoint_dir) if (d / MANIFEST).is_file()]
+    """The finished step directories (with an index), oldest first."""
+    dirs = [d for d in step_dirs(checkpoint_dir) if (d / INDEX).is_file()]
     return sorted(dirs, key=step_of)
 
 
@@ -240,7 +241,7 @@ def locate_checkpoint(path: str | Path) -> tuple[Path, str | None]:
     damaged (a crash between a save and the link, a user's cleanup), a note saying which older checkpoint
     is used instead: the newest whose index reads intact."""
     path = Path(path)
-    if (path / MANIFEST).is_file():
+    if (path / INDEX).is_file() or (path / OLD_INDEX).is_file():
         return path.resolve(), None
     if (path / "checkpoints").is_dir():
         last = path / "checkpoints" / "last"
@@ -261,59 +262,62 @@ def locate_checkpoint(path: str | Path) -> tuple[Path, str | None]:
         raise CheckpointError(f"{path} is a file; checkpoints are directories (format {FORMAT_VERSION}): give "
                               f"the run directory or one of its checkpoints/ entries (last, best, step-N)")
     if path.is_dir():
-        raise CheckpointError(f"{path} is neither a checkpoint ({MANIFEST} missing: an unfinished save, or not "
+        raise CheckpointError(f"{path} is neither a checkpoint ({INDEX} missing: an unfinished save, or not "
                               f"a checkpoint of this project) nor a run directory (no checkpoints/)")
     raise FileNotFoundError(f"checkpoint {path} does not exist")
 
 
 def read_index(directory: str | Path) -> dict:
-    """A checkpoint's index (manifest.json: files, sizes, SHA-256, step, config), checked for form."""
-    path = Path(directory) / MANIFEST
+    """A checkpoint's index (index.json: files, sizes, SHA-256, step, config), checked for form."""
+    path = Path(directory) / INDEX
+    if not path.is_file() and (Path(directory) / OLD_INDEX).is_file():
+        raise CheckpointError(f"{directory}: a checkpoint of format 4 or older (its index is {OLD_INDEX}); this code "
+                              f"reads format {FORMAT_VERSION}: resume or evaluate it with the code that wrote it")
     try:
-        manifest = json.loads(path.read_text())
+        index = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path} does not exist: the checkpoint is unfinished or not one of ours") from None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path} cannot be read: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-        version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if not isinstance(index, dict) or index.get("format_version") != FORMAT_VERSION:
+        version = index.get("format_version") if isinstance(index, dict) else None
         if isinstance(version, int) and 1 <= version < FORMAT_VERSION:
             why = "holds pickled objects that cannot be loaded safely" if version < 4 else \
                 "keeps the ranks' states in another layout (format 5: each part's under one key)"
             raise CheckpointError(f"{path}: checkpoint format {version} is older than this code's {FORMAT_VERSION} "
                                   f"and {why}; resume or evaluate it with the code that wrote it")
-        raise CheckpointError(f"{path} is not a manifest of this project's checkpoint format {FORMAT_VERSION}")
-    missing = {"world_size", "step", "config", "files"} - set(manifest)
+        raise CheckpointError(f"{path} is not an index of this project's checkpoint format {FORMAT_VERSION}")
+    missing = {"world_size", "step", "config", "files"} - set(index)
     if missing:
         raise CheckpointError(f"{path} lacks {', '.join(sorted(missing))}")
-    if "index_sha256" not in manifest:  # every format-4 index carries one: a missing one was deleted
+    if "index_sha256" not in index:  # every format-4 index carries one: a missing one was deleted
         raise CheckpointError(f"{path} lacks its own SHA-256 (index_sha256): edited or damaged")
-    if manifest["index_sha256"] != index_digest(manifest):
+    if index["index_sha256"] != index_digest(index):
         raise CheckpointError(f"{path} was edited or damaged: its content no longer matches its own SHA-256")
-    return manifest
+    return index
 
 
-def index_digest(manifest: dict) -> str:
+def index_digest(index: dict) -> str:
     """SHA-256 of an index's content, its own digest left out (so an edited step or file list is caught)."""
-    content = {k: v for k, v in manifest.items() if k != "index_sha256"}
+    content = {k: v for k, v in index.items() if k != "index_sha256"}
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
-def load_verified(directory: Path, manifest: dict, name: str) -> dict:
-    """torch.load one file of a checkpoint after checking its size and SHA-256 against the manifest.
+def load_verified(directory: Path, index: dict, name: str) -> dict:
+    """torch.load one file of a checkpoint after checking its size and SHA-256 against the index.
     Memory-mapped: a rank's shard is not held twice (the caller copies what it keeps)."""
     path = directory / name
-    entry = manifest["files"].get(name)
+    entry = index["files"].get(name)
     if entry is None:
-        raise CheckpointError(f"{directory / MANIFEST} does not list {name}")
+        raise CheckpointError(f"{directory / INDEX} does not list {name}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} is missing")
     size = path.stat().st_size
     if size != entry["bytes"]:
-        raise CheckpointError(f"checkpoint file {path} has {size} bytes, the manifest says {entry['bytes']} "
+        raise CheckpointError(f"checkpoint file {path} has {size} bytes, the index says {entry['bytes']} "
                               f"(truncated or replaced)")
     if file_sha256(path) != entry["sha256"]:
-        raise CheckpointError(f"checkpoint file {path} is corrupted: its SHA-256 differs from the manifest's")
+        raise CheckpointError(f"checkpoint file {path} is corrupted: its SHA-256 differs from the index's")
     return load_tensors_only(path)
 
 
@@ -338,17 +342,17 @@ def file_sha256(path: Path) -> str:
 
 
 def load_shared(path: str | Path) -> tuple[dict, dict]:
-    """(manifest, shared part: model, optimizer, progress, ...) of a checkpoint; what evaluate.py needs."""
+    """(index, shared part: model, optimizer, progress, ...) of a checkpoint; what evaluate.py needs."""
     directory = find_checkpoint(path)
-    manifest = read_index(directory)
-    return manifest, load_verified(directory, manifest, SHARED)
+    index = read_index(directory)
+    return index, load_verified(directory, index, SHARED)
 
 
-def check_world_size(directory: Path, manifest: dict, world_size: int) -> None:
-    if manifest["world_size"] != world_size:
-        raise CheckpointError(f"checkpoint {directory} was written by {manifest['world_size']} ranks but this job "
+def check_world_size(directory: Path, index: dict, world_size: int) -> None:
+    if index["world_size"] != world_size:
+        raise CheckpointError(f"checkpoint {directory} was written by {index['world_size']} ranks but this job "
                               f"has {world_size}: per-rank compressor state (residuals) cannot be redistributed; "
-                              f"launch it with mpiexec -n {manifest['world_size']}")
+                              f"launch it with mpiexec -n {index['world_size']}")
 
 
 def load_training_state(comm, path: str | Path | Located) -> TrainingState:
@@ -356,18 +360,18 @@ def load_training_state(comm, path: str | Path | Located) -> TrainingState:
     the index: the one already read when `path` is a Located). Raises on every rank if any rank's files are
     missing or corrupted, so no rank goes on alone."""
     if isinstance(path, Located):
-        directory, manifest = path.directory, path.index
+        directory, index = path.directory, path.index
     else:
         directory = find_checkpoint(path)
-        manifest = read_index(directory)
-    check_world_size(directory, manifest, comm.size)
+        index = read_index(directory)
+    check_world_size(directory, index, comm.size)
 
     def load() -> TrainingState:
-        shared = load_verified(directory, manifest, SHARED)
-        mine = load_verified(directory, manifest, rank_file(comm.rank))
-        if mine["rank"] != comm.rank or shared["config"] != manifest["config"]:
+        shared = load_verified(directory, index, SHARED)
+        mine = load_verified(directory, index, rank_file(comm.rank))
+        if mine["rank"] != comm.rank or shared["config"] != index["config"]:
             raise CheckpointError(f"checkpoint {directory}: {rank_file(comm.rank)} or {SHARED} does not match "
-                                  f"the manifest (rank {mine['rank']}, config)")
+                                  f"the index (rank {mine['rank']}, config)")
         return TrainingState(config=shared["config"], model=shared["model"], optimizer=shared["optimizer"],
                              progress=Progress(**shared["progress"]), mine=RankState(**mine["state"]),
                              extra=shared["extra"])

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from sparse_asr.fileio import atomic_write
-from sparse_asr.training.checkpoint import (CheckpointError, Located, check_world_size, complete_checkpoints,
+from sparse_asr.training.checkpoint import (INDEX, CheckpointError, Located, check_world_size, complete_checkpoints,
                                             locate_checkpoint, read_index, step_of)
 from sparse_asr.training.config import (Config, ConfigError, build_config, flatten, load_config, parse_override,
                                         resolve_world_size, resume_safe_keys, set_dotted, to_dict)
@@ -53,15 +53,15 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str,
             return dataclasses.replace(requested, train=dataclasses.replace(requested.train, resume=asked)), None, []
         resume = str(requested.run_dir)
     directory, fallback = locate_checkpoint(resume)
-    manifest = read_index(directory)
-    check_world_size(directory, manifest, world_size)
+    index = read_index(directory)
+    check_world_size(directory, index, world_size)
     run_dir = run_dir_of(directory)
-    newer = newer_checkpoints(directory, manifest["step"])
+    newer = newer_checkpoints(directory, index["step"])
     if newer:
         raise CheckpointError(f"checkpoint {directory} is not the newest of {run_dir}: continuing from it would mix "
                               f"two histories in metrics.jsonl and TensorBoard; move or delete the newer "
                               f"{', '.join(d.name for d in newer)} first")
-    saved, source = manifest["config"], str(directory / "manifest.json")
+    saved, source = index["config"], str(directory / INDEX)
     if requested is None:
         requested = build_config(saved, overrides, source=source)
     check_location(requested, given, run_dir)
@@ -82,7 +82,7 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str,
         set_dotted(raw, key, value)
     notes = ([fallback] if fallback else []) + ([f"config keys changed since the checkpoint: {', '.join(changed)}"]
                                                  if changed else [])
-    return build_config(raw, source=source), Located(directory, manifest), notes
+    return build_config(raw, source=source), Located(directory, index), notes
 
 
 def run_dir_of(directory: Path) -> Path:
