@@ -82,7 +82,7 @@ import yaml
 
 from sparse_asr.comm import Communicator, ThreadGroup
 from sparse_asr.compression import (COMPRESSORS, Compressor, MomentumCorrection, SparseCompressor, StepStats,
-                                    build_compressor, sparse_algorithms)
+                                    build_compressor, memory_problem)
 from sparse_asr.compression.base import all_finite
 from sparse_asr.compression.selection import topk_indices
 from sparse_asr.data.audio import SpecAugment
@@ -651,8 +651,8 @@ def settings_from(args, cfg) -> tuple[Settings, str]:
     names = args.algorithms if args.algorithms is not None else [*COMPRESSORS, ORACLE]
     algorithms = [Algorithm(name, name, {}) for name in names] + [parse_variant(v) for v in args.variant]
     for name in args.dgc:
-        if name not in sparse_algorithms():
-            raise ValueError(f"--dgc {name}: DGC's memory needs a selection ({', '.join(sparse_algorithms())})")
+        if problem := memory_problem(name, MomentumCorrection.name, 0, False):
+            raise ValueError(f"--dgc {name}: {problem}")
         algorithms.append(Algorithm(f"{name}+dgc", name, {}, dgc=True))
     for a in algorithms:
         if a.name != ORACLE and a.name not in COMPRESSORS:

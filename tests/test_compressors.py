@@ -100,7 +100,7 @@ def test_a_memory_needs_a_selection_and_dgc_no_dense_steps():
 
     comm = Communicator()
     dgc = MomentumCorrection(100, torch.device("cpu"), 0.9)
-    with pytest.raises(ValueError, match="powersgd is not a selection"):
+    with pytest.raises(ValueError, match="compression.memory=dgc needs a selection .* not .powersgd."):
         build_compressor("powersgd", comm, 100, 0.1, memory=dgc)
     with pytest.raises(ValueError, match="compression.warmup_steps=3"):
         build_compressor("topka", comm, 100, 0.1, warmup=3, memory=dgc)

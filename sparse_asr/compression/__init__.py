@@ -3,11 +3,11 @@ and its reference in tests/reference.py (see README, "Adding a compressor")."""
 from sparse_asr.compression.base import (Compressor, CompressorWrapper, Cost, SparseCompressor,
                                          SparseUpdate, StepStats)
 from sparse_asr.compression.cltk import CLTk
-from sparse_asr.compression.memory import MEMORIES, ErrorFeedback, MomentumCorrection
 from sparse_asr.compression.dense import DenseAllreduce, DenseVectors, DenseWarmup
 from sparse_asr.compression.density_warmup import DensityWarmup, warmup_density
 from sparse_asr.compression.gaussiank import Gaussiank
 from sparse_asr.compression.gtopk import GTopk
+from sparse_asr.compression.memory import MEMORIES, ErrorFeedback, MomentumCorrection
 from sparse_asr.compression.oktopk import OkTopk
 from sparse_asr.compression.powersgd import PowerSGD
 from sparse_asr.compression.topk_allgather import TopkAllgather
@@ -32,17 +32,10 @@ def build_compressor(name: str, comm, numel: int, density: float = 1.0, device="
     the 1-D parameters (by `shapes`) beside it by dense allreduce if `dense_1d`, behind `warmup` dense steps."""
     if name not in COMPRESSORS:
         raise ValueError(f"unknown compression algorithm {name!r}; known: {', '.join(sorted(COMPRESSORS))}")
-    cls = COMPRESSORS[name]
-    if memory is not None and not issubclass(cls, SparseCompressor):
-        raise ValueError(f"compression.memory={memory.name}: {name} is not a selection; a memory needs one that "
-                         f"says which entries each rank sent ({', '.join(sparse_algorithms())})")
-    if memory is not None and memory.carries_momentum and (warmup or dense_1d):
-        raise ValueError(f"compression.memory={memory.name} carries the momentum, which dense steps "
-                         f"(compression.warmup_steps={warmup}, compression.dense_1d={dense_1d}) would skip: set "
-                         f"compression.warmup_steps=0 and dense_1d=false (compression.density_warmup_epochs is "
-                         f"DGC's warm-up)")
+    if memory is not None and (problem := memory_problem(name, memory.name, warmup, dense_1d)):
+        raise ValueError(problem)
     extra = {"memory": memory} if memory is not None else {}
-    compressor = cls(comm, numel, density, device=device, shapes=shapes, **extra, **options)
+    compressor = COMPRESSORS[name](comm, numel, density, device=device, shapes=shapes, **extra, **options)
     if name == DenseAllreduce.name:
         return compressor
     if density_warmup_epochs:
@@ -57,6 +50,20 @@ def sparse_algorithms() -> list[str]:
     return sorted(n for n, cls in COMPRESSORS.items() if issubclass(cls, SparseCompressor))
 
 
-__all__ = ["COMPRESSORS", "MEMORIES", "Compressor", "CompressorWrapper", "Cost", "DensityWarmup", "DenseVectors", "DenseWarmup",
-           "ErrorFeedback", "MomentumCorrection", "SparseCompressor", "SparseUpdate", "StepStats", "build_compressor",
-           "sparse_algorithms", "warmup_density", "warmup_steps"]
+def memory_problem(algorithm: str, memory: str, warmup_steps, dense_1d: bool) -> str | None:
+    """Why the memory called `memory`, asked for instead of the selection's default, cannot serve `algorithm`
+    behind these dense parts (None: it can). The config loader and build_compressor both ask, so a config is
+    refused before its job is queued."""
+    if algorithm not in sparse_algorithms():
+        return (f"compression.memory={memory} needs a selection that says which entries each rank sent "
+                f"({', '.join(sparse_algorithms())}), not {algorithm!r}")
+    if MEMORIES[memory].carries_momentum and (warmup_steps != 0 or dense_1d):
+        return (f"compression.memory={memory} carries the momentum, which dense steps (compression.warmup_steps="
+                f"{warmup_steps}, compression.dense_1d={dense_1d}) would skip: it needs compression.warmup_steps=0 "
+                f"and compression.dense_1d=false (compression.density_warmup_epochs is DGC's warm-up)")
+    return None
+
+
+__all__ = ["COMPRESSORS", "MEMORIES", "Compressor", "CompressorWrapper", "Cost", "DensityWarmup", "DenseVectors",
+           "DenseWarmup", "ErrorFeedback", "MomentumCorrection", "SparseCompressor", "SparseUpdate", "StepStats",
+           "build_compressor", "memory_problem", "sparse_algorithms", "warmup_density", "warmup_steps"]

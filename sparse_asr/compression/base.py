@@ -92,11 +92,9 @@ class Compressor:
 
     def __init__(self, comm: Communicator, numel: int, density: float = 1.0, device: str | torch.device = "cpu",
                  shapes: typing.Sequence[torch.Size] | None = None, **options):
-        if not 0.0 < density <= 1.0:
-            raise ValueError(f"density must be in (0, 1], got {density}")
         self.comm = comm
         self.numel = numel
-        self.density, self.k = density, max(1, int(round(density * numel)))
+        Compressor.set_density(self, density)  # k; the algorithms' own set_density may need their options first
         self.device = torch.device(device)
         self.shapes = [torch.Size(s) for s in shapes] if shapes is not None else [torch.Size([numel])]
         if sum(s.numel() for s in self.shapes) != numel:

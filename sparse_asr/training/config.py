@@ -134,9 +134,6 @@ class CompressionConfig:
     momentum_masking: bool = setting(True)
     # DGC's warm-up: the density falls exponentially over the first N epochs to `density` (density_warmup.py)
     density_warmup_epochs: int = setting(0, natural, "must be >= 0 (0 = the configured density from the start)")
-    TIES = (tie("memory", lambda c: c.memory != "dgc" or (c.warmup_steps == 0 and not c.dense_1d),
-                "(dgc) needs compression.warmup_steps=0 and compression.dense_1d=false: dense steps would skip the "
-                "momentum it carries (compression.density_warmup_epochs is DGC's warm-up)"),)
 
 
 @dataclass
@@ -310,16 +307,16 @@ def _check_model(name: str, where) -> None:
 
 def _check_compression(c: CompressionConfig, where) -> None:
     """The algorithm must be registered; its options are the settings of its Options, checked like the rest."""
-    from sparse_asr.compression import COMPRESSORS, sparse_algorithms
+    from sparse_asr.compression import COMPRESSORS, ErrorFeedback, memory_problem
 
     if c.algorithm not in COMPRESSORS:
         raise ConfigError(f"{where('compression.algorithm')}: compression.algorithm {c.algorithm!r} is unknown; "
                           f"known: {sorted(COMPRESSORS)}")
     build(COMPRESSORS[c.algorithm].Options, c.options, "compression.options.",
           lambda key: f"{where(key)} (options of {c.algorithm!r})")
-    if c.memory != "residual" and c.algorithm not in sparse_algorithms():
-        raise ConfigError(f"{where('compression.memory')}: compression.memory={c.memory} needs a selection that says "
-                          f"which entries each rank sent ({', '.join(sparse_algorithms())}), not {c.algorithm!r}")
+    if c.memory != ErrorFeedback.name and (problem := memory_problem(c.algorithm, c.memory, c.warmup_steps,
+                                                                     c.dense_1d)):
+        raise ConfigError(f"{where('compression.memory')}: {problem}")
 
 
 # ---------------------------------------------------------------------------------------- run time
