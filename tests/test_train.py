@@ -14,7 +14,8 @@ from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
 from sparse_asr.data.manifest import read_manifest, write_manifest
 from sparse_asr.models import build_model
 from tests.mpi.train_common import epoch_losses, read_metrics, run_training, step_losses, tiny_overrides
-from sparse_asr.training.optim import attach_flat_grad
+from sparse_asr.training.config import OptimConfig
+from sparse_asr.training.optim import attach_flat_grad, learning_rate
 from sparse_asr.training.runtime import precision_problem
 from sparse_asr.training.trainer import Trainer
 
@@ -108,6 +109,18 @@ def test_evaluate_cli(tiny_manifest, tmp_path, capsys):
     evaluate.main([str(checkpoint), "--audio", dataset.audio[0], dataset.audio[1]])
     out = capsys.readouterr().out.splitlines()
     assert out[-2].startswith(dataset.audio[0] + ": ") and out[-1].startswith(dataset.audio[1] + ": ")
+
+
+@pytest.mark.unit
+def test_the_learning_rate_warms_up_holds_and_anneals():
+    """Warm-up over the first steps, then lr / anneal**epoch; with lr_hold_epochs = 2 the first two epochs keep the
+    full lr and the anneal counts from the third (hand-computed: 0.1 / 2**1 in epoch 3)."""
+    plain = OptimConfig(lr=0.1, lr_warmup_steps=4, lr_anneal=2.0)
+    held = OptimConfig(lr=0.1, lr_warmup_steps=4, lr_anneal=2.0, lr_hold_epochs=2)
+    assert [learning_rate(plain, step, 0) for step in range(5)] == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1])
+    assert [learning_rate(plain, 10, epoch) for epoch in range(4)] == pytest.approx([0.1, 0.05, 0.025, 0.0125])
+    assert [learning_rate(held, 10, epoch) for epoch in range(5)] == pytest.approx([0.1, 0.1, 0.1, 0.05, 0.025])
+    assert learning_rate(held, 1, 0) == pytest.approx(0.05)  # the warm-up is the same with a hold
 
 
 def test_flat_gradient_buffer_matches_ordinary_backward(tiny_manifest):

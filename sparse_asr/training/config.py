@@ -108,6 +108,9 @@ class OptimConfig:
     lr_warmup_steps: int = setting(100, natural, "must be >= 0")
     # learning rate divided by this after every epoch (1.0 = constant)
     lr_anneal: float = setting(1.1, lambda v: v >= 1.0, "must be >= 1.0")
+    # epochs at the full lr before the anneal starts (lr / lr_anneal**(epoch - N) after them): a model still on
+    # CTC's blank plateau is not slowed further (docs/results.md)
+    lr_hold_epochs: int = setting(0, natural, "must be >= 0")
     TIES = (tie("nesterov", lambda o: not o.nesterov or o.momentum > 0, "needs optim.momentum > 0"),)
 
 

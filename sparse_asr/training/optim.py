@@ -7,7 +7,8 @@ enters each rank's gradient before the exchange instead (DGC's local gradient cl
 that at density 1 the update is exactly dense momentum SGD's.
 
 Schedule (deepspeech.pytorch style, which trains DeepSpeech2 on AN4 stably): linear warm-up over the
-first `lr_warmup_steps` optimizer steps, then lr / lr_anneal**epoch. It depends only on (step, epoch),
+first `lr_warmup_steps` optimizer steps, then lr / lr_anneal**epoch, or with `lr_hold_epochs` = N the full lr
+for N epochs and lr / lr_anneal**(epoch - N) after them. It depends only on (step, epoch),
 so a resumed run needs nothing but those two numbers to continue the same curve.
 """
 from __future__ import annotations
@@ -68,7 +69,7 @@ def local_terms_(flat_grad: torch.Tensor, grads: list[torch.Tensor], params: lis
 def learning_rate(cfg: OptimConfig, step: int, epoch: int) -> float:
     """lr for optimizer step `step` (0-based) taken during epoch `epoch` (0-based)."""
     warm = min(1.0, (step + 1) / cfg.lr_warmup_steps) if cfg.lr_warmup_steps else 1.0
-    return cfg.lr * warm / cfg.lr_anneal**epoch
+    return cfg.lr * warm / cfg.lr_anneal**max(0, epoch - cfg.lr_hold_epochs)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
