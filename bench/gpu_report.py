@@ -28,6 +28,8 @@ from pathlib import Path
 
 import yaml
 
+from sparse_asr.training.runlog import read_metrics
+
 
 # ---------------------------------------------------------------------------------------- env
 def nvidia_smi(out_dir: Path) -> dict:
@@ -105,13 +107,11 @@ def training_runs(out_dir: Path) -> list[dict]:
     runs = []
     for run_dir in sorted((out_dir / "runs").glob("*/")):
         config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
-        metrics = []
-        if (run_dir / "metrics.jsonl").is_file():
-            metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        metrics = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
         last = {kind: next((m for m in reversed(metrics) if m["kind"] == kind), {})
-                for kind in ("train", "epoch", "val", "test")}
+                for kind in ("train", "epoch", "dev", "test")}
         epochs = [m for m in metrics if m["kind"] == "epoch"]
-        dev_wer = {m["epoch"]: m["val/wer"] for m in metrics if m["kind"] == "val" and "val/wer" in m}
+        dev_wer = {m["epoch"]: m["dev/wer"] for m in metrics if m["kind"] == "dev" and "dev/wer" in m}
         throughput = [m["train/samples_per_sec"] for m in metrics if "train/samples_per_sec" in m]
         runs.append({
             "name": run_dir.name, "algorithm": config.get("compression", {}).get("algorithm", "?"),
@@ -122,7 +122,7 @@ def training_runs(out_dir: Path) -> list[dict]:
             "train_seconds": sum(m["epoch/seconds"] for m in epochs),
             "wall_seconds": metrics[-1]["time"] - metrics[0]["time"] if len(metrics) > 1 else None,
             "samples_per_sec": sum(throughput) / len(throughput) if throughput else None,
-            "loss": last["epoch"].get("epoch/loss"), "dev_wer": last["val"].get("val/wer"),
+            "loss": last["epoch"].get("epoch/loss"), "dev_wer": last["dev"].get("dev/wer"),
             "best_dev_wer": min(dev_wer.values()) if dev_wer else None, "dev_wer_by_epoch": dev_wer,
             "test_wer": last["test"].get("test/wer"), "test_cer": last["test"].get("test/cer")})
     return runs

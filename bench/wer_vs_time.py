@@ -7,17 +7,17 @@ wall time, `epoch/seconds`, i.e. without evaluation), dev WER / CER / wer_utt_me
 test figures of the run's end, if it got there. A Markdown table per run on stdout.
 """
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from sparse_asr.training.runlog import read_metrics
 
 
 def read_records(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         sys.exit(f"wer_vs_time: {path} does not exist (not a run directory?)")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_metrics(run_dir)
 
 
 def table(run_dir: Path) -> str:
@@ -26,9 +26,9 @@ def table(run_dir: Path) -> str:
     for r in read_records(run_dir):
         if r["kind"] == "epoch":
             train_seconds += r.get("epoch/seconds", 0.0)
-        elif r["kind"] == "val":
-            rows.append((r["epoch"], r["step"], train_seconds / 60, r.get("val/wer"), r.get("val/cer"),
-                         r.get("val/wer_utt_mean")))
+        elif r["kind"] == "dev":
+            rows.append((r["epoch"], r["step"], train_seconds / 60, r.get("dev/wer"), r.get("dev/cer"),
+                         r.get("dev/wer_utt_mean")))
         elif r["kind"] == "test":
             test = r
     fmt = lambda v: "" if v is None else f"{v:.4f}"  # noqa: E731 -- absent metric: empty cell

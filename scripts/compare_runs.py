@@ -4,7 +4,7 @@
 
 Writes, under --out:
   curves_vs_step.png, curves_vs_wall_time.png, curves_vs_bytes.png
-      dev WER (val/wer) and train loss (train/loss) against the optimizer step, against wall time
+      dev WER (dev/wer) and train loss (train/loss) against the optimizer step, against wall time
       (event wall_time minus the run's first event) and against the cumulative bytes each rank received
       (comm/cum_bytes_recv at the nearest logged step);
   results.csv, results.md
@@ -29,7 +29,8 @@ Writes, under --out:
   paired_curves_vs_step.png (with --paired-against)
       one colour per label: the mean over its seeds of dev WER and train loss (log scale) at every step all
       its seeds logged, the 95% interval of that mean as a band, each seed as a faint line.
-A tag a run never logged leaves its cells empty (and its curve out of the plot), never NaN errors.
+A tag a run never logged leaves its cells empty (and its curve out of the plot), never NaN errors. Runs logged
+before the dev set's rename (val/*) are read as dev/* (sparse_asr/training/runlog.py).
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ from tensorboard.util import tensor_util
 
 from sparse_asr.compression import COMPRESSORS
 from sparse_asr.stats import MARGIN_PCT, paired_interval, verdict
+from sparse_asr.training.runlog import current_name
 
 EVENT_GLOB = "events.out.tfevents.*"
 
@@ -110,7 +112,7 @@ def load_run(run_dir: str | Path) -> Run:
     merged: dict[str, list[tuple[float, int, float]]] = {}
     for directory in event_dirs:
         for tag, points in read_event_dir(directory).items():
-            merged.setdefault(tag, []).extend(points)
+            merged.setdefault(current_name(tag), []).extend(points)
     if not merged:
         raise SystemExit(f"compare_runs: the event files under {run_dir} hold no scalars")
     curves = {}
@@ -137,12 +139,12 @@ def load_run(run_dir: str | Path) -> Run:
 def first_reaching(run: Run, target_wer: float) -> tuple[int | None, float | None]:
     """(step, cumulative bytes received per rank) at the first dev evaluation with WER <= target_wer."""
     c = run.curves
-    if "val/wer" not in c:
+    if "dev/wer" not in c:
         return None, None
-    reached = np.flatnonzero(c["val/wer"].values <= target_wer)
+    reached = np.flatnonzero(c["dev/wer"].values <= target_wer)
     if not reached.size:
         return None, None
-    step = int(c["val/wer"].steps[reached[0]])
+    step = int(c["dev/wer"].steps[reached[0]])
     if "comm/cum_bytes_recv" not in c:
         return step, None
     return step, float(nearest_values(c["comm/cum_bytes_recv"], np.array([step]))[0])
@@ -179,9 +181,9 @@ def summarize(run: Run, target_wer: float | None = None) -> dict:
         "density": density,
         "P": run.config_value("distributed.world_size"),
         "steps": steps,
-        "final_dev_wer": last("val/wer"),
-        "best_dev_wer": float(np.min(c["val/wer"].values)) if "val/wer" in c else None,
-        "final_dev_cer": last("val/cer"),
+        "final_dev_wer": last("dev/wer"),
+        "best_dev_wer": float(np.min(c["dev/wer"].values)) if "dev/wer" in c else None,
+        "final_dev_cer": last("dev/cer"),
         "test_wer": last("test/wer"),
         "test_cer": last("test/cer"),
         "bytes_recv_total": bytes_total,
@@ -229,9 +231,9 @@ def plateau_exit_step(curve: Curve) -> float:
 # (column, what paired.md calls it, the tag, the value of a run's curve of that tag): lower is better for all four
 PAIRED_METRICS = [
     ("test_wer", "test WER", "test/wer", lambda curve: curve.last()),
-    ("best_dev_wer", "best dev WER", "val/wer", lambda curve: float(np.min(curve.values))),
+    ("best_dev_wer", "best dev WER", "dev/wer", lambda curve: float(np.min(curve.values))),
     ("last_epoch_loss", "last-epoch loss", "epoch/loss", lambda curve: curve.last()),
-    ("plateau_exit_step", f"step of the first dev WER < {PLATEAU_EXIT_WER:g}", "val/wer", plateau_exit_step),
+    ("plateau_exit_step", f"step of the first dev WER < {PLATEAU_EXIT_WER:g}", "dev/wer", plateau_exit_step),
 ]
 
 
@@ -411,7 +413,7 @@ AXES = {
     "wall_time": ("wall time since the run's first event ({unit})", "curves_vs_wall_time.png"),
     "bytes": ("cumulative bytes received per rank ({unit}, mean over ranks)", "curves_vs_bytes.png"),
 }
-PANELS = [("val/wer", "dev WER", "o-"), ("train/loss", "train loss (CTC)", "-")]
+PANELS = [("dev/wer", "dev WER", "o-"), ("train/loss", "train loss (CTC)", "-")]
 
 
 def plot(runs: list[Run], out_dir: Path) -> list[Path]:
@@ -476,7 +478,7 @@ def plot_paired(runs: list[Run], out_dir: Path) -> Path:
     (it falls by orders of magnitude early on)."""
     groups = runs_by_label_and_seed(runs)
     colours = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
-    panels = [("val/wer", "dev WER", False), ("train/loss", "train loss (CTC), log scale", True)]
+    panels = [("dev/wer", "dev WER", False), ("train/loss", "train loss (CTC), log scale", True)]
     fig, axes = plt.subplots(1, len(panels), figsize=(13, 4.8))
     for ax, (tag, title, log_y) in zip(axes, panels):
         for colour, (label, by_seed) in zip(colours, groups.items()):
@@ -520,10 +522,10 @@ def run_targets(runs: list[Run], target_run: str, slack: float) -> list[float | 
     targets = []
     for run in runs:
         reference = references[run.name]
-        if reference is not None and "val/wer" not in reference.curves:
-            raise SystemExit(f"compare_runs: --target-run {reference.name!r} logged no dev WER (val/wer)")
+        if reference is not None and "dev/wer" not in reference.curves:
+            raise SystemExit(f"compare_runs: --target-run {reference.name!r} logged no dev WER (dev/wer)")
         targets.append(None if reference is None else
-                       float(np.min(reference.curves["val/wer"].values)) * (1 + slack))
+                       float(np.min(reference.curves["dev/wer"].values)) * (1 + slack))
     return targets
 
 

@@ -415,9 +415,9 @@ def assert_tensorboard_matches_metrics(run_dir, steps, val_steps):
     losses = step_losses(run_dir)
     assert curves["train/loss"].steps.tolist() == list(range(1, steps + 1))
     assert curves["train/loss"].values.tolist() == pytest.approx([losses[s] for s in range(1, steps + 1)], rel=1e-6)
-    assert curves["val/wer"].steps.tolist() == val_steps
-    val = {m["step"]: m["val/wer"] for m in read_metrics(run_dir) if m["kind"] == "val"}
-    assert curves["val/wer"].values.tolist() == pytest.approx([val[s] for s in val_steps], rel=1e-6)
+    assert curves["dev/wer"].steps.tolist() == val_steps
+    val = {m["step"]: m["dev/wer"] for m in read_metrics(run_dir) if m["kind"] == "dev"}
+    assert curves["dev/wer"].values.tolist() == pytest.approx([val[s] for s in val_steps], rel=1e-6)
 
 
 # Feature masking (off by default) must not break exact resume: its masks depend on (seed, epoch, item).

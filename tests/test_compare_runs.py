@@ -17,6 +17,7 @@ import yaml
 from torch.utils.tensorboard import SummaryWriter
 
 from sparse_asr import stats
+from sparse_asr.training.runlog import read_metrics
 from tests.mpi_helpers import check_mpi
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,6 +92,7 @@ def two_runs(tmp_path):
         "time/selection": [(s, 0.0625) for s in steps],
         "time/communication": [(s, 0.125) for s in steps],
         "time/step": [(s, 1.0) for s in steps],
+        # logged before the dev set's rename: val/* reads as dev/*
         "val/wer": [(10, 0.75), (20, 0.5)], "val/cer": [(10, 0.5), (20, 0.375)],
         "test/wer": [(20, 0.625)], "test/cer": [(20, 0.25)],
         "comm/syncbn_bytes_recv": [(s, 96.0 if s < 10 else 192.0) for s in steps if s % 3 == 0],  # mean 144
@@ -101,7 +103,7 @@ def two_runs(tmp_path):
         "comm/cum_bytes_recv": [(s, 4096.0 * s) for s in range(1, 31)],
         "time/compute": [(s, 0.75) for s in range(1, 31)],
         "time/communication": [(s, 0.25) for s in range(1, 31)],
-        "val/wer": [(15, 0.875), (30, 0.625), (31, 0.75)],
+        "dev/wer": [(15, 0.875), (30, 0.625), (31, 0.75)],
     })
     return a, b
 
@@ -176,10 +178,28 @@ def test_target_run_must_be_one_of_the_runs(two_runs, tmp_path):
 
 
 @pytest.mark.unit
+def test_a_run_resumed_across_the_dev_sets_rename_reads_as_one_curve(tmp_path):
+    """Logged as val/* before the rename and dev/* after (a resume in between): one dev/wer curve; the
+    metrics.jsonl reader renames kinds and tags the same way."""
+    run_dir = tmp_path / "resumed"
+    write_run(run_dir, config("dense", 1.0, 2), {"val/wer": [(10, 0.9), (20, 0.8)], "dev/wer": [(30, 0.7)]})
+    run = compare_runs.load_run(run_dir)
+    assert "val/wer" not in run.curves
+    assert run.curves["dev/wer"].steps.tolist() == [10, 20, 30]
+    assert run.curves["dev/wer"].values.tolist() == pytest.approx([0.9, 0.8, 0.7])
+    rows = [{"kind": "val", "step": 10, "epoch": 1, "time": 1.0, "val/wer": 0.9, "val/cer": 0.5},
+            {"kind": "dev", "step": 20, "epoch": 2, "time": 2.0, "dev/wer": 0.8},
+            {"kind": "validation", "step": 20, "epoch": 2, "time": 2.0, "validation/x": 1.0}]  # not an old name
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_metrics(run_dir) == [
+        {"kind": "dev", "step": 10, "epoch": 1, "time": 1.0, "dev/wer": 0.9, "dev/cer": 0.5}, rows[1], rows[2]]
+
+
+@pytest.mark.unit
 def test_curve_coordinates(two_runs):
     a, _ = two_runs
     run = compare_runs.load_run(a)
-    wer = run.curves["val/wer"]
+    wer = run.curves["dev/wer"]
     assert compare_runs.x_values(run, wer, "step").tolist() == [10, 20]
     # wall time relative to the run's first event (step 1 at 1002 s)
     assert compare_runs.x_values(run, wer, "wall_time").tolist() == [18.0, 38.0]
@@ -232,13 +252,13 @@ def test_real_runs_one_and_two_ranks(an4_manifests, tmp_path):
         row = rows[name]
         records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         train = [r for r in records if r["kind"] == "train" and "train/loss" in r]
-        val = [r for r in records if r["kind"] == "val"]
+        dev = [r for r in records if r["kind"] == "dev"]
         test = [r for r in records if r["kind"] == "test"]
         assert (row["algorithm"], row["density"], row["P"], row["model"]) == (algorithm, density, P, "lstman4_tiny")
         assert row["steps"] == train[-1]["step"]
         # TensorBoard stores float32; metrics.jsonl float64
-        expected = {"final_dev_wer": val[-1]["val/wer"], "best_dev_wer": min(r["val/wer"] for r in val),
-                    "final_dev_cer": val[-1]["val/cer"], "test_wer": test[-1]["test/wer"],
+        expected = {"final_dev_wer": dev[-1]["dev/wer"], "best_dev_wer": min(r["dev/wer"] for r in dev),
+                    "final_dev_cer": dev[-1]["dev/cer"], "test_wer": test[-1]["test/wer"],
                     "test_cer": test[-1]["test/cer"], "bytes_recv_total": train[-1]["comm/cum_bytes_recv"],
                     "bytes_recv_per_step": train[-1]["comm/cum_bytes_recv"] / train[-1]["step"]}
         for key, tag in (("compute_ms", "time/compute"), ("selection_ms", "time/selection"),
@@ -314,7 +334,7 @@ def test_verdict_of_one_seed():
 def seeded_run(root: Path, name: str, seed: int, test_wer, dev_wers, last_loss, algorithm=None):
     """A run of bench/accuracy.sh --seeds: events with test/wer, val/wer at steps 10, 20 and epoch/loss at
     steps 10 (20.0) and 20 (`last_loss`); config.yaml with its seed."""
-    scalars = {"train/loss": [(s, 30.0 - s) for s in range(1, 21)], "val/wer": list(zip((10, 20), dev_wers)),
+    scalars = {"train/loss": [(s, 30.0 - s) for s in range(1, 21)], "dev/wer": list(zip((10, 20), dev_wers)),
                "epoch/loss": [(10, 20.0), (20, last_loss)]}
     if test_wer is not None:
         scalars["test/wer"] = [(20, test_wer)]
@@ -413,7 +433,7 @@ def test_paired_curves_are_the_mean_over_seeds_with_its_interval(seeded_runs, tm
     cr = compare_runs
     runs = [cr.load_run(d) for d in seeded_runs]
     groups = cr.runs_by_label_and_seed(runs)
-    dense = cr.seed_band(groups["dense"], "val/wer")
+    dense = cr.seed_band(groups["dense"], "dev/wer")
     assert list(dense["steps"]) == [10, 20] and dense["values"].shape == (3, 2)
     assert dense["mean"] == pytest.approx([0.75, 5 / 12]) and dense["low"][0] == dense["high"][0] == pytest.approx(0.75)
     assert (dense["low"][1], dense["high"][1]) == pytest.approx((5 / 12 - 0.35856, 5 / 12 + 0.35856), abs=1e-4)
@@ -453,7 +473,7 @@ def test_pairing_errors_name_the_runs(seeded_runs, tmp_path):
     assert f"{seeded_runs[0]} and {again} are both 'dense' at seed 1: cannot pair them" in proc.stderr
     # a run without a seed in its config cannot be paired
     bare = tmp_path / "bare" / "topkdsa-s1"
-    write_run(bare, config("topkdsa", 0.02, 4), {"val/wer": [(1, 0.5)]})
+    write_run(bare, config("topkdsa", 0.02, 4), {"dev/wer": [(1, 0.5)]})
     proc = compare(*seeded_runs, bare, "--out", tmp_path / "o", "--paired-against", "dense")
     assert proc.returncode != 0 and f"{bare / 'config.yaml'} has none (seed: None)" in proc.stderr
     assert not (tmp_path / "o" / "paired.md").exists()

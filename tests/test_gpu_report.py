@@ -58,7 +58,7 @@ def write_run(out, name, algorithm, P, precision, dev_wers, test_wer, samples_pe
     for epoch, wer in enumerate(dev_wers, start=1):
         records += [{"kind": "epoch", "step": 13 * epoch, "epoch": epoch, "time": 100.0 + 2 * epoch,
                      "epoch/loss": 95.5 / epoch, "epoch/seconds": 2.0},
-                    {"kind": "val", "step": 13 * epoch, "epoch": epoch, "time": 101.0 + 2 * epoch, "val/wer": wer}]
+                    {"kind": "dev", "step": 13 * epoch, "epoch": epoch, "time": 101.0 + 2 * epoch, "dev/wer": wer}]
     records.append({"kind": "test", "step": 13 * len(dev_wers), "epoch": len(dev_wers),
                     "time": 102.5 + 2 * len(dev_wers), "test/wer": test_wer, "test/cer": 0.5})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -138,7 +138,7 @@ def test_rate_counts_whole_epochs_between_the_first_and_last_epoch_end(tmp_path)
     def write(side, ends):
         rows = [{"kind": "train", "step": 1, "epoch": 0, "time": 1000.0}]  # start-up before the first epoch end
         rows += [{"kind": "epoch", "step": 13 * (i + 1), "epoch": i + 1, "time": 1100.0 + t} for i, t in enumerate(ends)]
-        rows += [{"kind": "val", "step": 13, "epoch": 1, "time": 1105.0}]
+        rows += [{"kind": "dev", "step": 13, "epoch": 1, "time": 1105.0}]
         (tmp_path / f"metrics_rate_{side}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     write("before", [0, 30, 60])  # 2 epochs in 60 s: 2 per minute

@@ -23,7 +23,7 @@ TRAIN_TAGS = ["train/loss", "train/lr", "train/grad_norm", "train/samples_per_se
 COMM_TAGS = ["comm/density", "comm/bytes_sent", "comm/bytes_recv", "comm/bytes_recv_max", "comm/cum_bytes_recv",
              "comm/compression_ratio", "comm/dense"]
 TIME_TAGS = ["time/compute", "time/selection", "time/communication", "time/step"]
-EVAL_TAGS = ["val/wer", "val/cer", "val/wer_utt_mean", "val/loss", "test/wer", "test/cer", "test/wer_utt_mean"]
+EVAL_TAGS = ["dev/wer", "dev/cer", "dev/wer_utt_mean", "dev/loss", "test/wer", "test/cer", "test/wer_utt_mean"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -49,7 +49,7 @@ def test_smoke_end_to_end(tiny_manifest, tmp_path):
     assert saved["distributed"]["world_size"] == 1 and "density" in saved["compression"]
 
     metrics = read_metrics(run_dir)  # strict parse: NaN/Infinity would raise
-    assert {m["kind"] for m in metrics} == {"train", "epoch", "val", "test"}
+    assert {m["kind"] for m in metrics} == {"train", "epoch", "dev", "test"}
     for m in metrics:
         assert {"step", "epoch", "time"} <= set(m)
         assert all(math.isfinite(v) for v in m.values() if isinstance(v, float))
@@ -61,7 +61,7 @@ def test_smoke_end_to_end(tiny_manifest, tmp_path):
     missing = set(TRAIN_TAGS + COMM_TAGS + TIME_TAGS + EVAL_TAGS) - tags
     assert not missing, missing
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 13))
-    assert [e.step for e in events.Scalars("val/wer")] == [2, 4, 6, 8, 10, 12]  # after each epoch
+    assert [e.step for e in events.Scalars("dev/wer")] == [2, 4, 6, 8, 10, 12]  # after each epoch
     for tag in tags:
         assert all(math.isfinite(e.value) for e in events.Scalars(tag)), tag
     assert all(e.value == 1.0 for e in events.Scalars("comm/dense"))
@@ -269,12 +269,12 @@ def test_max_minutes_stops_after_a_scored_epoch_and_the_run_resumes(tiny_manifes
     assert "stopping after epoch 1 of 3" in capsys.readouterr().out
     assert set(results) == {"dev", "test"}
     assert [(m["kind"], m["epoch"]) for m in read_metrics(run_dir) if m["kind"] != "train"] == \
-        [("epoch", 1), ("val", 1), ("test", 1)]
+        [("epoch", 1), ("dev", 1), ("test", 1)]
     assert len(epoch_losses(run_dir)) == 1
 
     run_training(["train.max_minutes=0"], resume=str(run_dir), config=None)
-    rows = [(m["kind"], m["epoch"]) for m in read_metrics(run_dir) if m["kind"] in ("epoch", "val")]
-    assert rows == [("epoch", 1), ("val", 1), ("epoch", 2), ("val", 2), ("epoch", 3), ("val", 3)]
+    rows = [(m["kind"], m["epoch"]) for m in read_metrics(run_dir) if m["kind"] in ("epoch", "dev")]
+    assert rows == [("epoch", 1), ("dev", 1), ("epoch", 2), ("dev", 2), ("epoch", 3), ("dev", 3)]
 
     run_training(tiny_on(tiny_manifest, tmp_path, "ample", train__epochs=3, train__max_minutes=10))
     assert len(epoch_losses(tmp_path / "ample")) == 3

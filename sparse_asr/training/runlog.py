@@ -1,10 +1,12 @@
 """Run logging on rank 0: console lines, TensorBoard scalars and metrics.jsonl (DESIGN 8).
 
-metrics.jsonl: one JSON object per line, {"kind": train|epoch|val|test, "step": optimizer steps taken,
+metrics.jsonl: one JSON object per line, {"kind": train|epoch|dev|test, "step": optimizer steps taken,
 "epoch": epochs completed, "time": unix time, <tag>: value, ...} with the TensorBoard tags as keys.
 Other ranks hold a disabled logger (every call is a no-op), so the trainer calls it unconditionally.
 Values that are not finite are never written (they are reported instead): a JSON or TensorBoard
 curve never contains NaN.
+Runs logged before the dev set's rename call it "val" (kind "val", tags val/*): readers go through
+`current_name` / `read_metrics`, so old and new run directories compare as one.
 """
 from __future__ import annotations
 
@@ -15,6 +17,26 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+OLD_NAMES = {"val": "dev"}  # the dev set's name in runs logged before the rename
+
+
+def current_name(name: str) -> str:
+    """A kind or tag under today's name: 'val' -> 'dev', 'val/wer' -> 'dev/wer'; any other unchanged."""
+    head, slash, rest = name.partition("/")
+    return OLD_NAMES.get(head, head) + slash + rest
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """A run's metrics.jsonl rows with kinds and tags under today's names (NaN or Infinity is an error)."""
+    path = Path(run_dir) / "metrics.jsonl"
+
+    def refuse(constant):
+        raise ValueError(f"non-finite value {constant} in {path}")
+
+    with open(path) as f:
+        rows = [json.loads(line, parse_constant=refuse) for line in f if line.strip()]
+    return [{current_name(k): current_name(v) if k == "kind" else v for k, v in row.items()} for row in rows]
 
 
 class RunLogger:

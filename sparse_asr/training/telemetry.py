@@ -183,14 +183,14 @@ class RunMeter:
 
     @staticmethod
     def log_scores(log, prefix: str, progress, result, seconds: float) -> None:
-        """An evaluation's summary (WER, CER, ...) under prefix/ (val or test) to the run's log and the console."""
+        """An evaluation's summary (WER, CER, ...) under prefix/ (dev or test) to the run's log and the console."""
         p = progress
         log.scalars(prefix, p.step, p.epoch, {f"{prefix}/{k}": v for k, v in result.summary.items()})
         text = ", ".join(f"{k} {v:.4f}" for k, v in result.summary.items())
         log.info(f"{prefix} after epoch {p.epoch} ({result.utterances} utterances, {seconds:.1f} s): {text}")
 
     def state_dict(self) -> dict:
-        """What a checkpoint keeps of the meter (RankState's fields of the same names)."""
+        """What a checkpoint keeps of the meter (opaque to the checkpoint: RankState.meter)."""
         return {"cum_bytes_recv": self.cum_bytes_recv, "epoch_window": self.epoch_window.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:

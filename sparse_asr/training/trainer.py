@@ -122,7 +122,7 @@ class Trainer:
             improved = False
             if cfg.train.eval_every_epochs and (progress.epoch % cfg.train.eval_every_epochs == 0
                                                 or progress.epoch == cfg.train.epochs or out_of_time):
-                results["dev"] = self.evaluate_set("val", data.dev)
+                results["dev"] = self.evaluate_set("dev", data.dev)
                 improved = results["dev"].get("wer", math.inf) < progress.best_wer
                 progress.best_wer = min(progress.best_wer, results["dev"].get("wer", math.inf))
             if improved or out_of_time or progress.epoch % cfg.train.checkpoint_every_epochs == 0 \

@@ -4,9 +4,10 @@ train.py runs)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
+
+from sparse_asr.training.runlog import read_metrics  # noqa: F401 -- the trainer tests read runs through it
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_CONFIG = REPO / "configs" / "smoke.yaml"
@@ -60,15 +61,6 @@ def run_job_or_abort(overrides: list[str]) -> None:
 
     comm = Communicator()
     run_or_abort(comm, run_job, comm, str(SMOKE_CONFIG), overrides)
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    """metrics.jsonl, parsed strictly (NaN or Infinity in the file is an error)."""
-    def refuse(constant):
-        raise ValueError(f"non-finite value {constant} in {run_dir}/metrics.jsonl")
-
-    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line, parse_constant=refuse) for line in lines]
 
 
 def step_losses(run_dir: Path) -> dict[int, float]:
