@@ -2,6 +2,7 @@
 --overwrite or resuming); a refused start leaves no run directory behind; every audio file is checked
 before the first step and every bad manifest line is named at once. One process, the tiny model on real
 AN4 utterances (the 2-rank audio check is in test_runtime.py)."""
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from sparse_asr.training.trainer import Trainer
 from tests.mpi.train_common import SMOKE_CONFIG, read_metrics, run_training, step_losses, tiny_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+REPO = Path(__file__).resolve().parent.parent
 
 
 def on(manifests: dict, out_dir: Path, name: str, **settings) -> list[str]:
@@ -138,3 +140,22 @@ def test_every_bad_audio_file_is_named_before_the_first_step(tiny_manifest, tmp_
         f"  {train_csv}:7: {audio / 'eight_khz.wav'}: sample rate 8000 Hz, expected 16000 Hz",
         f"  {train_csv}:8: {audio / 'stereo.wav'}: 2 channels, expected mono"]
     assert steps == [] and not (tmp_path / "runs").exists()
+
+
+def test_the_configuration_walks_through_start_up_inside_the_package(an4_manifests, tmp_path):
+    """bench/config_walk.py traces run_job up to training: every function that receives the configuration is the
+    package's (none climbs back into train.py, scripts/ or bench/), and the walk passes where the configuration is
+    used (the one checker, the run's start, the compressor, the trainer), so an empty trace cannot pass."""
+    spec = importlib.util.spec_from_file_location("config_walk", REPO / "bench" / "config_walk.py")
+    config_walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(config_walk)
+    stops = config_walk.walk(str(SMOKE_CONFIG), tiny_overrides(an4_manifests, tmp_path, "walk",
+                                                               compression__algorithm="oktopk"))
+    assert [module for module, _ in stops if not module.startswith("sparse_asr/")] == []
+    assert {"check", "start_run", "make_compressor", "Trainer.__init__"} <= {function for _, function in stops}
+    assert Trainer.fit.__name__ == "fit"  # put back after the walk
+    # what counts as the project's code: the package, scripts and benches, never the virtual environment
+    assert config_walk.repository_module(str(REPO / "bench" / "config_walk.py")) == "bench/config_walk.py"
+    assert config_walk.repository_module(str(REPO / "train.py")) == "train.py"
+    assert config_walk.repository_module(str(REPO / ".venv" / "lib" / "torch.py")) is None
+    assert config_walk.repository_module("<string>") is None
