@@ -22,15 +22,15 @@ import pandas as pd
 from sparse_asr.stats import paired_interval
 
 FIGURES = ["cos_update", "cos_step", "owed"]
-ORACLE = "oracle"
 
 
-def per_trajectory(steps: pd.DataFrame) -> pd.DataFrame:
+def per_trajectory(steps: pd.DataFrame, oracle_label: str) -> pd.DataFrame:
     """Each figure's mean over the sparse steps, per (seed, global batch, algorithm, P, density), and the gap to the
-    oracle's cos_update at the same seed, batch, P and density (NaN without an oracle row)."""
+    oracle's cos_update (the rows of algorithm `oracle_label`) at the same seed, batch, P and density (NaN without
+    an oracle row)."""
     keys = ["seed", "global_batch", "algorithm", "P", "density"]
     means = steps.groupby(keys, dropna=False, sort=False)[FIGURES].mean().reset_index()
-    oracle = means[means["algorithm"] == ORACLE].set_index(["seed", "global_batch", "P", "density"])["cos_update"]
+    oracle = means[means["algorithm"] == oracle_label].set_index(["seed", "global_batch", "P", "density"])["cos_update"]
     at = means.set_index(["seed", "global_batch", "P", "density"]).index
     means["gap"] = [oracle.get(key, math.nan) - value for key, value in zip(at, means["cos_update"])]
     return means

@@ -757,7 +757,7 @@ def over_trajectories(args, cfg, s: Settings, start, header: list[str], t_start:
                                  log=lambda *a, **k: None, start=start)
             frames.append(steps.assign(seed=seed, global_batch=batch))
     steps = pd.concat(frames, ignore_index=True)
-    trajectories = si.per_trajectory(steps)
+    trajectories = si.per_trajectory(steps, ORACLE)
     parts = [si.over_seeds_markdown(si.over_seeds(trajectories))]
     if args.per_rank:
         for label in dict.fromkeys(trajectories["algorithm"]):

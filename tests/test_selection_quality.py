@@ -369,7 +369,7 @@ def test_figures_over_trajectories_by_hand():
                                  cos_update=0.9, cos_step=0.95, owed=1.0))
                 rows.append(dict(seed=seed, global_batch=batch, step=step, algorithm="oktopk", P=2, density=0.05,
                                  cos_update=0.9 - gap + wiggle, cos_step=0.9, owed=1.5 + wiggle))
-    trajectories = si.per_trajectory(pd.DataFrame(rows))
+    trajectories = si.per_trajectory(pd.DataFrame(rows), "oracle")
     ok = trajectories[trajectories["algorithm"] == "oktopk"].sort_values(["global_batch", "seed"])
     assert ok["gap"].tolist() == pytest.approx([0.10, 0.12, 0.14, 0.05, 0.06, 0.07])
     assert ok["owed"].tolist() == pytest.approx([1.5] * 6)

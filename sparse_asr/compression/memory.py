@@ -51,7 +51,7 @@ class ErrorFeedback:
         return {"residual": self.residual.detach().cpu().clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        _copy_checked(self.residual, state["residual"], "residual")
+        copy_checked(self.residual, state["residual"], "residual")
 
 
 class MomentumCorrection:
@@ -95,14 +95,15 @@ class MomentumCorrection:
         return {"momentum": self.u.detach().cpu().clone(), "velocity": self.v.detach().cpu().clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        _copy_checked(self.u, state["momentum"], "momentum")
-        _copy_checked(self.v, state["velocity"], "velocity")
+        copy_checked(self.u, state["momentum"], "momentum")
+        copy_checked(self.v, state["velocity"], "velocity")
 
 
 MEMORIES = {ErrorFeedback.name: ErrorFeedback, MomentumCorrection.name: MomentumCorrection}
 
 
-def _copy_checked(mine: torch.Tensor, saved: torch.Tensor, what: str) -> None:
+def copy_checked(mine: torch.Tensor, saved: torch.Tensor, what: str) -> None:
+    """A checkpoint's tensor into this run's, refused (naming it) when the model or the rank's share differs."""
     if saved.shape != mine.shape:
         raise ValueError(f"checkpoint {what} has {saved.numel()} entries, this model and rank need {mine.numel()}")
     mine.copy_(saved)

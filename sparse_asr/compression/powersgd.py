@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from sparse_asr.compression.base import Compressor, Cost, StepStats
-from sparse_asr.compression.memory import ErrorFeedback
+from sparse_asr.compression.memory import ErrorFeedback, copy_checked
 from sparse_asr.settings import natural, positive, setting
 
 
@@ -258,10 +258,7 @@ class PowerSGD(Compressor):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        if state["q_memory"].shape != self.q_memory.shape:
-            raise ValueError(f"{self.name}: checkpoint q_memory has {state['q_memory'].numel()} entries, this model "
-                             f"and rank need {self.q_memory.numel()}")
-        self.q_memory.copy_(state["q_memory"])
+        copy_checked(self.q_memory, state["q_memory"], f"{self.name} q_memory")
         if self.memory is not None:
             self.memory.load_state_dict(state["memory"])
         self.q_drawn = bool(state["q_drawn"])
