@@ -29,6 +29,9 @@ Writes, under --out:
   paired_curves_vs_step.png (with --paired-against)
       one colour per label: the mean over its seeds of dev WER and train loss (log scale) at every step all
       its seeds logged, the 95% interval of that mean as a band, each seed as a faint line.
+  spread.csv, spread.md (with --spread)
+      per label over its seeds: how many runs never left CTC's blank plateau (dev WER < 0.8; which seeds), the
+      median step at which the others left it, and test WER's mean, sample standard deviation, min and max.
 A tag a run never logged leaves its cells empty (and its curve out of the plot), never NaN errors. Runs logged
 before the dev set's rename (val/*) are read as dev/* (sparse_asr/training/runlog.py).
 """
@@ -371,6 +374,43 @@ def paired_markdown(rows: list[dict], seeds: list[int], baseline: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def spread_rows(runs: list[Run]) -> list[dict]:
+    """--spread: per label over its seeds (each seed once), how many runs never left CTC's blank plateau (no dev
+    WER < PLATEAU_EXIT_WER; which seeds) and the spread of test WER: mean, sample standard deviation (n-1), min and
+    max over the runs that logged one; the median step at which the others left the plateau."""
+    rows = []
+    for label, group in runs_by_label_and_seed(runs).items():
+        exits = {seed: plateau_exit_step(run.curves["dev/wer"])
+                 for seed, run in group.items() if "dev/wer" in run.curves}
+        stuck = [seed for seed, step in exits.items() if math.isinf(step)]
+        left = [step for step in exits.values() if math.isfinite(step)]
+        test = [run.curves["test/wer"].last() for run in group.values() if "test/wer" in run.curves]
+        rows.append({"label": label, "n": len(group), "seeds": " ".join(str(s) for s in sorted(group)),
+                     "on_plateau": len(stuck), "on_plateau_seeds": " ".join(str(s) for s in sorted(stuck)),
+                     "median_exit_step": float(np.median(left)) if left else None, "n_test": len(test),
+                     "test_wer_mean": float(np.mean(test)) if test else None,
+                     "test_wer_sd": float(np.std(test, ddof=1)) if len(test) > 1 else None,
+                     "test_wer_min": min(test, default=None), "test_wer_max": max(test, default=None)})
+    return rows
+
+
+def spread_markdown(rows: list[dict]) -> str:
+    def num(x, digits=4) -> str:
+        return "" if x is None else f"{x:.{digits}g}"
+
+    lines = [f"Per label over its seeds: runs that never left CTC's blank plateau (no dev WER < {PLATEAU_EXIT_WER:g}), "
+             "the median step at which the others left it, and test WER's mean, sample standard deviation (n-1), "
+             "min and max.", "",
+             "| label | seeds | on the plateau (seeds) | median exit step | test WER mean | sd | min | max |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        stuck = f"{r['on_plateau']} of {r['n']}" + (f" ({r['on_plateau_seeds']})" if r["on_plateau"] else "")
+        lines.append(f"| {r['label']} | {r['seeds']} | {stuck} | {num(r['median_exit_step'])} | "
+                     f"{num(r['test_wer_mean'])} | {num(r['test_wer_sd'])} | {num(r['test_wer_min'])} | "
+                     f"{num(r['test_wer_max'])} |")
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------------------- plots
 def nearest_values(curve: Curve, steps: np.ndarray) -> np.ndarray:
     """curve's value at the logged step nearest to each of `steps` (ties go to the earlier step)."""
@@ -540,6 +580,8 @@ def main(argv=None) -> int:
     parser.add_argument("--target-slack", type=float, default=0.05, help="relative slack of --target-run")
     parser.add_argument("--paired-against", metavar="LABEL",
                         help="also write paired.{csv,md}: every other label against LABEL, seed by seed")
+    parser.add_argument("--spread", action="store_true",
+                        help="also write spread.{csv,md}: per label, the runs left on CTC's plateau and test WER's spread")
     args = parser.parse_args(argv)
 
     names = [Path(d).name for d in args.run_dirs]
@@ -551,6 +593,7 @@ def main(argv=None) -> int:
     if args.target_run is not None:
         targets = run_targets(runs, args.target_run, args.target_slack)
     paired = paired_comparison(runs, args.paired_against) if args.paired_against is not None else None
+    spread = spread_rows(runs) if args.spread else None
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -570,6 +613,12 @@ def main(argv=None) -> int:
             if row["unpaired"]:
                 print(f"compare_runs: warning: {row['run']} {row['metric']}: unpaired: {row['unpaired']}",
                       file=sys.stderr)
+    if spread is not None:
+        pd.DataFrame(spread).to_csv(out_dir / "spread.csv", index=False)
+        spread_md = spread_markdown(spread)
+        (out_dir / "spread.md").write_text(spread_md)
+        written += [out_dir / "spread.csv", out_dir / "spread.md"]
+        markdown += "\n" + spread_md
     plots = plot(runs, out_dir)
     if paired is not None:
         plots.append(plot_paired(runs, out_dir))

@@ -361,6 +361,31 @@ def seeded_runs(tmp_path):
 
 
 @pytest.mark.unit
+def test_spread_by_hand(seeded_runs, tmp_path):
+    """--spread, per label: dense's test WERs 0.5, 0.25, 0.625 (mean 0.458333, sample sd 0.190941), all three off
+    the plateau at step 10; oktopk's seed 1 leaves it at step 20 (median 10); topka's seed 2 logged no test WER;
+    'stuck' at seed 2 never has dev WER < 0.8."""
+    root = tmp_path / "more"
+    stuck = [seeded_run(root, "stuck-s1", 1, 0.5, (0.75, 0.5), 8.0),
+             seeded_run(root, "stuck-s2", 2, 0.875, (0.875, 0.8125), 8.0, algorithm="dense")]
+    out = tmp_path / "compare"
+    proc = compare(*seeded_runs, *stuck, "--out", out, "--spread")
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(out / "spread.csv", dtype={"seeds": str, "on_plateau_seeds": str})
+    rows = {r["label"]: r for r in table.replace({np.nan: None}).to_dict("records")}
+    assert list(rows) == ["dense", "oktopk", "topka", "stuck"]
+    dense = rows["dense"]
+    assert (dense["n"], dense["on_plateau"], dense["median_exit_step"], dense["n_test"]) == (3, 0, 10, 3)
+    assert (dense["test_wer_mean"], dense["test_wer_sd"]) == (pytest.approx(0.458333, abs=1e-6),
+                                                               pytest.approx(0.190941, abs=1e-6))
+    assert (dense["test_wer_min"], dense["test_wer_max"]) == (0.25, 0.625)
+    assert rows["oktopk"]["median_exit_step"] == 10 and rows["oktopk"]["on_plateau"] == 0
+    assert (rows["topka"]["n"], rows["topka"]["n_test"], rows["topka"]["test_wer_sd"]) == (3, 2, 0.0)
+    assert (rows["stuck"]["on_plateau"], rows["stuck"]["on_plateau_seeds"], rows["stuck"]["median_exit_step"]) == (1, "2", 10)
+    assert "| stuck | 1 2 | 1 of 2 (2) | 10 | 0.6875 | 0.2652 | 0.5 | 0.875 |" in (out / "spread.md").read_text()
+
+
+@pytest.mark.unit
 def test_paired_comparison_by_hand(seeded_runs, tmp_path):
     out = tmp_path / "compare"
     proc = compare(*seeded_runs, "--out", out, "--paired-against", "dense")
