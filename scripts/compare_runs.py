@@ -31,7 +31,8 @@ Writes, under --out:
       its seeds logged, the 95% interval of that mean as a band, each seed as a faint line.
   spread.csv, spread.md (with --spread)
       per label over its seeds: how many runs never left CTC's blank plateau (dev WER < 0.8; which seeds), the
-      median step at which the others left it, and test WER's mean, sample standard deviation, min and max.
+      median step at which the others left it, and test WER's mean, sample standard deviation, min and max
+      (give finished runs: one still training counts as on the plateau until it leaves it).
 A tag a run never logged leaves its cells empty (and its curve out of the plot), never NaN errors. Runs logged
 before the dev set's rename (val/*) are read as dev/* (sparse_asr/training/runlog.py).
 """
