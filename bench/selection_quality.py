@@ -72,7 +72,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -497,11 +497,18 @@ def run_bench(cfg, s: Settings, log=print, start: dict | None = None) -> tuple[p
 
 def read_start(path: str, cfg) -> dict:
     """A training checkpoint's shared state (verified), refused with a ValueError or OSError naming it when it
-    is missing, damaged or of another model than the config's."""
+    is missing, damaged, of another model than the config's, or trained with other optimizer settings (the
+    trajectory would go on under another learning-rate schedule or momentum than the run's)."""
     _, shared = load_shared(path)
     name = shared["config"]["model"]["name"]
     if name != cfg.model.name:
         raise ValueError(f"--checkpoint {path} holds model {name!r}, the config asks for {cfg.model.name!r}")
+    saved, asked = shared["config"].get("optim", {}), asdict(cfg.optim)
+    differ = [f"optim.{key}={saved[key]!r} (the config: {asked[key]!r})" for key in asked
+              if key in saved and saved[key] != asked[key]]
+    if differ:
+        raise ValueError(f"--checkpoint {path} was trained with {', '.join(differ)}: give its run's config.yaml as "
+                         f"--config, or the same overrides")
     return shared
 
 
@@ -634,7 +641,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "global batch and seed), the cells compared seed by seed")
     parser.add_argument("--checkpoint", help="start from this training checkpoint (a run directory or one of its "
                         "checkpoints): its model, momentum and place in the learning-rate schedule, instead of a fresh "
-                        "model; the config must name the same model")
+                        "model; the config must name the same model and optim settings as the run's")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     return parser.parse_args(argv)
 

@@ -317,7 +317,7 @@ def test_command_writes_its_table_plot_and_steps(tiny_manifest, tmp_path):
 
 def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifest, tmp_path, cfg, capsys):
     """--checkpoint: the trajectory starts from the run's model and SGD momentum, at its step and epoch (where the
-    learning-rate schedule goes on); a checkpoint of another model is refused."""
+    learning-rate schedule goes on); a checkpoint of another model or optimizer setting is refused."""
     from sparse_asr.training.checkpoint import load_shared
     from sparse_asr.training.optim import SGDStep, attach_flat_grad
     from tests.mpi.train_common import run_training, tiny_overrides
@@ -343,6 +343,9 @@ def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifes
     other = load_config(REPO / "configs" / "smoke.yaml", ["model.name=lstman4_small"])
     with pytest.raises(ValueError, match="holds model 'lstman4_tiny', the config asks for 'lstman4_small'"):
         sq.read_start(str(tmp_path / "trained"), other)
+    held = load_config(REPO / "configs" / "smoke.yaml", ["optim.lr_hold_epochs=3"])  # another schedule than the run's
+    with pytest.raises(ValueError, match=r"trained with optim.lr_hold_epochs=0 \(the config: 3\): give its run's "):
+        sq.read_start(str(tmp_path / "trained"), held)
     missing = tmp_path / "no-such-run"
     assert sq.main(["--config", str(REPO / "configs" / "smoke.yaml"), "--checkpoint", str(missing)]) == 2
     assert f"selection_quality: checkpoint {missing} does not exist" in capsys.readouterr().err
