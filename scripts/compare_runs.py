@@ -32,7 +32,7 @@ Writes, under --out:
   spread.csv, spread.md (with --spread)
       per label over its seeds: how many runs never left CTC's blank plateau (dev WER < 0.8; which seeds), the
       median step at which the others left it, and test WER's mean, sample standard deviation, min and max
-      (give finished runs: one still training counts as on the plateau until it leaves it).
+      (a run still on the plateau without a test WER, e.g. one still training, is undecided, not counted).
 A tag a run never logged leaves its cells empty (and its curve out of the plot), never NaN errors. Runs logged
 before the dev set's rename (val/*) are read as dev/* (sparse_asr/training/runlog.py).
 """
@@ -378,16 +378,20 @@ def paired_markdown(rows: list[dict], seeds: list[int], baseline: str) -> str:
 def spread_rows(runs: list[Run]) -> list[dict]:
     """--spread: per label over its seeds (each seed once), how many runs never left CTC's blank plateau (no dev
     WER < PLATEAU_EXIT_WER; which seeds) and the spread of test WER: mean, sample standard deviation (n-1), min and
-    max over the runs that logged one; the median step at which the others left the plateau."""
+    max over the runs that logged one; the median step at which the others left the plateau. A run still on the
+    plateau that logged no test WER has not ended (or had no test set): it is undecided, not counted as stuck."""
     rows = []
     for label, group in runs_by_label_and_seed(runs).items():
         exits = {seed: plateau_exit_step(run.curves["dev/wer"])
                  for seed, run in group.items() if "dev/wer" in run.curves}
-        stuck = [seed for seed, step in exits.items() if math.isinf(step)]
+        never_left = [seed for seed, step in exits.items() if math.isinf(step)]
+        stuck = [seed for seed in never_left if "test/wer" in group[seed].curves]
+        undecided = [seed for seed in never_left if seed not in stuck]
         left = [step for step in exits.values() if math.isfinite(step)]
         test = [run.curves["test/wer"].last() for run in group.values() if "test/wer" in run.curves]
         rows.append({"label": label, "n": len(group), "seeds": " ".join(str(s) for s in sorted(group)),
                      "on_plateau": len(stuck), "on_plateau_seeds": " ".join(str(s) for s in sorted(stuck)),
+                     "undecided_seeds": " ".join(str(s) for s in sorted(undecided)),
                      "median_exit_step": float(np.median(left)) if left else None, "n_test": len(test),
                      "test_wer_mean": float(np.mean(test)) if test else None,
                      "test_wer_sd": float(np.std(test, ddof=1)) if len(test) > 1 else None,
@@ -401,11 +405,13 @@ def spread_markdown(rows: list[dict]) -> str:
 
     lines = [f"Per label over its seeds: runs that never left CTC's blank plateau (no dev WER < {PLATEAU_EXIT_WER:g}), "
              "the median step at which the others left it, and test WER's mean, sample standard deviation (n-1), "
-             "min and max.", "",
+             "min and max. A run still on the plateau with no test WER (not ended) is undecided, not counted.", "",
              "| label | seeds | on the plateau (seeds) | median exit step | test WER mean | sd | min | max |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         stuck = f"{r['on_plateau']} of {r['n']}" + (f" ({r['on_plateau_seeds']})" if r["on_plateau"] else "")
+        if r["undecided_seeds"]:
+            stuck += f"; undecided: {r['undecided_seeds']}"
         lines.append(f"| {r['label']} | {r['seeds']} | {stuck} | {num(r['median_exit_step'])} | "
                      f"{num(r['test_wer_mean'])} | {num(r['test_wer_sd'])} | {num(r['test_wer_min'])} | "
                      f"{num(r['test_wer_max'])} |")

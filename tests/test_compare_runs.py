@@ -364,14 +364,16 @@ def seeded_runs(tmp_path):
 def test_spread_by_hand(seeded_runs, tmp_path):
     """--spread, per label: dense's test WERs 0.5, 0.25, 0.625 (mean 0.458333, sample sd 0.190941), all three off
     the plateau at step 10; oktopk's seed 1 leaves it at step 20 (median 10); topka's seed 2 logged no test WER;
-    'stuck' at seed 2 never has dev WER < 0.8."""
+    'stuck' at seed 2 never has dev WER < 0.8; at seed 3 it has not yet either, but has not ended (no test WER):
+    undecided, not on the plateau."""
     root = tmp_path / "more"
     stuck = [seeded_run(root, "stuck-s1", 1, 0.5, (0.75, 0.5), 8.0),
-             seeded_run(root, "stuck-s2", 2, 0.875, (0.875, 0.8125), 8.0, algorithm="dense")]
+             seeded_run(root, "stuck-s2", 2, 0.875, (0.875, 0.8125), 8.0, algorithm="dense"),
+             seeded_run(root, "stuck-s3", 3, None, (0.875, 0.9375), 8.0, algorithm="dense")]
     out = tmp_path / "compare"
     proc = compare(*seeded_runs, *stuck, "--out", out, "--spread")
     assert proc.returncode == 0, proc.stderr
-    table = pd.read_csv(out / "spread.csv", dtype={"seeds": str, "on_plateau_seeds": str})
+    table = pd.read_csv(out / "spread.csv", dtype={"seeds": str, "on_plateau_seeds": str, "undecided_seeds": str})
     rows = {r["label"]: r for r in table.replace({np.nan: None}).to_dict("records")}
     assert list(rows) == ["dense", "oktopk", "topka", "stuck"]
     dense = rows["dense"]
@@ -382,7 +384,9 @@ def test_spread_by_hand(seeded_runs, tmp_path):
     assert rows["oktopk"]["median_exit_step"] == 10 and rows["oktopk"]["on_plateau"] == 0
     assert (rows["topka"]["n"], rows["topka"]["n_test"], rows["topka"]["test_wer_sd"]) == (3, 2, 0.0)
     assert (rows["stuck"]["on_plateau"], rows["stuck"]["on_plateau_seeds"], rows["stuck"]["median_exit_step"]) == (1, "2", 10)
-    assert "| stuck | 1 2 | 1 of 2 (2) | 10 | 0.6875 | 0.2652 | 0.5 | 0.875 |" in (out / "spread.md").read_text()
+    assert (rows["stuck"]["undecided_seeds"], rows["dense"]["undecided_seeds"]) == ("3", None)
+    assert ("| stuck | 1 2 3 | 1 of 3 (2); undecided: 3 | 10 | 0.6875 | 0.2652 | 0.5 | 0.875 |"
+            in (out / "spread.md").read_text())
 
 
 @pytest.mark.unit
