@@ -331,9 +331,11 @@ def load_training_set(cfg) -> SpeechDataset:
     return SpeechDataset(frame, augment=augment, seed=cfg.seed)
 
 
-def global_batches(dataset: SpeechDataset, batch_size: int, seed: int):
-    """(epoch, items of one global batch) forever, in the trainer's order (its sampler, its epochs)."""
-    sampler = BucketingSampler(dataset.durations, batch_size, seed=seed, shuffle=True, drop_last=True)
+def global_batches(dataset: SpeechDataset, batch_size: int, seed: int, sorted_epochs: int = 0):
+    """(epoch, items of one global batch) forever, in the trainer's order (its sampler, its epochs; the first
+    `sorted_epochs` in order of length, SortaGrad)."""
+    sampler = BucketingSampler(dataset.durations, batch_size, seed=seed, shuffle=True, drop_last=True,
+                               sorted_epochs=sorted_epochs)
     epoch = 0
     while True:
         sampler.set_epoch(epoch)
@@ -447,7 +449,9 @@ def run_bench(cfg, s: Settings, log=print, start: dict | None = None) -> tuple[p
         seconds[f"{what}_cpu"] += now[1] - since[1]
         return now
 
-    batches = global_batches(dataset, s.global_batch, cfg.seed)
+    # From a checkpoint the data epochs count from 0 again (the seed's order): only the SortaGrad epochs the run
+    # had not yet done are sorted.
+    batches = global_batches(dataset, s.global_batch, cfg.seed, max(0, cfg.train.sorted_epochs - start_epoch))
     t_start, skipped, taken = time.perf_counter(), 0, start_step  # taken: optimizer steps, as the trainer counts them
     total_steps = s.dense_steps + s.steps
     for step in range(total_steps):

@@ -101,6 +101,27 @@ def test_oracle_applies_the_global_topk_of_the_summed_acc_from_every_rank(cfg):
         assert result.applied == [k] * P  # every rank's value, at every chosen entry
 
 
+def test_the_trajectory_runs_the_trainers_sortagrad_epochs(cfg):
+    """With train.sorted_epochs=1 the bench's first epoch runs its global batches shortest first, as the trainer's
+    sampler does (and later epochs, or sorted_epochs=0, shuffled: for some seed not in length order)."""
+    dataset = sq.load_training_set(cfg)
+
+    def epochs(seed, sorted_epochs):  # {epoch: [the largest and smallest duration of each global batch]}
+        out = {}
+        for epoch, items in islice(sq.global_batches(dataset, 2, seed, sorted_epochs), 8):  # 4 batches per epoch
+            durations = [dataset.durations[i] for _, _, i in items]
+            out.setdefault(epoch, []).append((min(durations), max(durations)))
+        return out
+
+    def in_length_order(batches):
+        return all(a[1] <= b[0] for a, b in zip(batches, batches[1:]))
+
+    seeds = range(1, 7)
+    assert all(in_length_order(epochs(seed, 1)[0]) for seed in seeds)
+    assert not all(in_length_order(epochs(seed, 1)[1]) for seed in seeds)
+    assert not all(in_length_order(epochs(seed, 0)[0]) for seed in seeds)
+
+
 def test_rank_gradients_are_what_P_ranks_compute(cfg):
     """With synchronized BatchNorm the P = 2 gradients derived from the finest cut (4 ranks of one utterance) are
     those 2 ranks with synchronized BatchNorm compute, and every P's mean is one process's whole-batch gradient;
