@@ -105,6 +105,12 @@ done
 config_name=$(basename "${config%.*}")
 out=${out:-bench/results/accuracy-$config_name-p$ranks${epochs:+-e$epochs}}
 cd "$REPO"
+# A checkout's .venv, or python3 and mpiexec from PATH (an offline bundle after `source bootstrap.sh`).
+if [[ -x .venv/bin/python ]]; then
+    PYTHON=${PYTHON:-.venv/bin/python} MPIEXEC=${MPIEXEC:-.venv/bin/mpiexec}
+else
+    PYTHON=${PYTHON:-python3} MPIEXEC=${MPIEXEC:-mpiexec}
+fi
 
 common=("distributed.world_size=$ranks")
 [[ -z "$epochs" ]] || common+=("train.epochs=$epochs")
@@ -129,7 +135,7 @@ done
 # Every run's config is checked now (unknown algorithm, bad override, batch not divisible by P), not
 # hours into the benchmark; prints the resolved epochs, seed, global batch and model.
 check_seed=(${seeds[0]:+"seed=${seeds[0]}"})  # the first seed stands for all: a seed cannot make a config invalid
-settings=$(.venv/bin/python - "$config" "$ranks" "${run_overrides[@]}" -- "${common[@]}" "${check_seed[@]}" <<'EOF'
+settings=$("$PYTHON" - "$config" "$ranks" "${run_overrides[@]}" -- "${common[@]}" "${check_seed[@]}" <<'EOF'
 import sys
 
 from sparse_asr.training.config import ConfigError, load_config
@@ -153,7 +159,7 @@ for r in "${!runs[@]}"; do
     run_dir=$out/runs/${runs[$r]}
     read -r -a own <<<"${run_overrides[${run_entries[$r]}]}"
     s=${run_seeds[$r]}
-    command=(.venv/bin/mpiexec -n "$ranks" .venv/bin/python train.py --config "$config" "out_dir=$out/runs"
+    command=("$MPIEXEC" -n "$ranks" "$PYTHON" train.py --config "$config" "out_dir=$out/runs"
              "name=${runs[$r]}" "${own[@]}" "${common[@]}" ${s:+"seed=$s"})
     [[ ! -e "$run_dir/checkpoints/last" ]] || command+=(--resume "$run_dir")
     commands+=("$(shell_join "${command[@]}")")
@@ -199,8 +205,8 @@ target=() paired=()
 [[ " ${run_names[*]} " != *" dense "* ]] || target=(--target-run dense --target-slack 0.05)
 ((${#target[@]} == 0 || ${#seeds[@]} < 2 || ${#run_names[@]} < 2)) || paired=(--paired-against dense)
 rm -f "$out/paired.md" "$out/paired.csv"  # never leave a previous benchmark's pairing beside this table
-.venv/bin/python scripts/compare_runs.py "${run_dirs[@]}" --out "$out" "${target[@]}" "${paired[@]}" >/dev/null
-.venv/bin/python bench/wer_vs_time.py "${run_dirs[@]}" >"$out/wer_vs_time.md"
+"$PYTHON" scripts/compare_runs.py "${run_dirs[@]}" --out "$out" "${target[@]}" "${paired[@]}" >/dev/null
+"$PYTHON" bench/wer_vs_time.py "${run_dirs[@]}" >"$out/wer_vs_time.md"
 {
     if ((suffix_seed)); then
         echo "# Accuracy: $config_name, $model, $ranks rank(s), $epochs_used epochs, seeds ${seeds[*]}"
