@@ -221,7 +221,7 @@ rm -f "$out/paired.md" "$out/paired.csv"  # never leave a previous benchmark's p
     echo "the gradient exchange, syncbn_bytes_per_step by synchronized BatchNorm. Times in ms per optimizer step."
     ((${#target[@]} == 0)) || echo "step_at_target, bytes_at_target: the first dev evaluation at WER <= target_dev_wer" \
         "(dense's best x 1.05${seeds_list:+, dense at the same seed})."
-    echo "Trained $started to $(date '+%Y-%m-%d %H:%M:%S') on $(nproc) cores, $jobs run(s) at a time;"
+    echo "Trained $started to $(date '+%Y-%m-%d %H:%M:%S') on $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) cores, $jobs run(s) at a time;"
     echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg). Every epoch: wer_vs_time.md."
     echo
     cat "$out/results.md"

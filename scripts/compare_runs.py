@@ -27,8 +27,9 @@ Writes, under --out:
       A seed that only one side ran, or a value one side never logged, is named in `unpaired`. Runs pair
       by their config's `seed`; a run's label is its name without the suffix -s<seed>.
   paired_curves_vs_step.png (with --paired-against)
-      one colour per label: the mean over its seeds of dev WER and train loss (log scale) at every step all
-      its seeds logged, the 95% interval of that mean as a band, each seed as a faint line.
+      one colour per label: the mean over its seeds of dev WER and train loss at every step all its seeds
+      logged, the 95% interval of that mean as a band, each seed as a faint line; the loss on a log scale,
+      each seed's running mean over a 25th of its logged steps, the geometric mean over seeds.
   spread.csv, spread.md (with --spread)
       per label over its seeds: how many runs never left CTC's blank plateau (dev WER < 0.8; which seeds), the
       median step at which the others left it, and test WER's mean, sample standard deviation, min and max
@@ -501,10 +502,19 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
     return written
 
 
-def seed_band(runs_by_seed: dict[int, Run], tag: str) -> dict | None:
+def running_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """Each point the mean of the `window` points ending at it (fewer at the start)."""
+    sums = np.concatenate([[0.0], np.cumsum(values, dtype=float)])
+    end = np.arange(1, len(values) + 1)
+    start = np.maximum(0, end - window)
+    return (sums[end] - sums[start]) / (end - start)
+
+
+def seed_band(runs_by_seed: dict[int, Run], tag: str, window: int = 1, log: bool = False) -> dict | None:
     """Over the seeds of one label: the steps every seed logged `tag` at, each seed's values there (one row per
-    seed), and per step the mean with its 95% Student-t interval (sparse_asr/stats.py; low/high None for one
-    seed). None when no step is shared."""
+    seed; with window > 1 each seed's running mean over that many points), and per step the mean with its 95%
+    Student-t interval (sparse_asr/stats.py; low/high None for one seed). log=True takes mean and interval of
+    the logarithms (a geometric mean, a band that stays positive on a log axis). None when no step is shared."""
     curves = [run.curves[tag] for run in runs_by_seed.values() if tag in run.curves]
     if not curves:
         return None
@@ -513,33 +523,43 @@ def seed_band(runs_by_seed: dict[int, Run], tag: str) -> dict | None:
         steps = np.intersect1d(steps, curve.steps)
     if not steps.size:
         return None
-    values = np.stack([curve.values[np.searchsorted(curve.steps, steps)] for curve in curves])
-    intervals = [paired_interval([float(v) for v in column]) for column in values.T]
-    return {"steps": steps, "values": values, "mean": np.array([i.mean for i in intervals]),
-            "low": [i.low for i in intervals], "high": [i.high for i in intervals]}
+    values = np.stack([running_mean(curve.values[np.searchsorted(curve.steps, steps)], window) for curve in curves])
+    if log and np.any(values <= 0):
+        raise SystemExit(f"compare_runs: {tag} has values <= 0: no log-scale band")
+    scaled = np.log(values) if log else values
+    intervals = [paired_interval([float(v) for v in column]) for column in scaled.T]
+    back = np.exp if log else (lambda x: x)
+    ends = [(None, None) if i.low is None else (float(back(i.low)), float(back(i.high))) for i in intervals]
+    return {"steps": steps, "values": values, "mean": back(np.array([i.mean for i in intervals])),
+            "low": [low for low, _ in ends], "high": [high for _, high in ends]}
 
 
 def plot_paired(runs: list[Run], out_dir: Path) -> Path:
     """paired_curves_vs_step.png: one colour per label (algorithm), its mean over seeds as a line with the 95%
-    interval of that mean as a band (seed_band), every seed faint beneath; dev WER, and train loss on a log scale
-    (it falls by orders of magnitude early on)."""
+    interval of that mean as a band (seed_band), every seed faint beneath. Dev WER (the band cut at 0, which no
+    WER goes below); train loss on a log scale, each seed's running mean over a 25th of its logged steps (the
+    per-batch loss swings with the utterances' lengths) and the geometric mean over seeds."""
     groups = runs_by_label_and_seed(runs)
     colours = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
-    panels = [("dev/wer", "dev WER", False), ("train/loss", "train loss (CTC), log scale", True)]
+    logged = max((len(run.curves["train/loss"].steps) for run in runs if "train/loss" in run.curves), default=1)
+    window = max(1, logged // 25)
+    panels = [("dev/wer", "dev WER", 1, False),
+              ("train/loss", f"train loss (CTC), running mean over {window} logged steps, log scale", window, True)]
     fig, axes = plt.subplots(1, len(panels), figsize=(13, 4.8))
-    for ax, (tag, title, log_y) in zip(axes, panels):
+    for ax, (tag, title, smooth, log_y) in zip(axes, panels):
         for colour, (label, by_seed) in zip(colours, groups.items()):
-            band = seed_band(by_seed, tag)
+            band = seed_band(by_seed, tag, window=smooth, log=log_y)
             if band is None:
                 continue
             steps, n = band["steps"], band["values"].shape[0]
             for row in band["values"]:
                 ax.plot(steps, row, color=colour, alpha=0.18, linewidth=0.8)
             ax.plot(steps, band["mean"], color=colour, linewidth=2,
-                    label=f"{label} (mean of {n} seed{'s' if n > 1 else ''})")
+                    label=f"{label} ({'geometric ' if log_y else ''}mean of {n} seed{'s' if n > 1 else ''})")
             if n > 1:
-                ax.fill_between(steps, band["low"], band["high"], color=colour, alpha=0.25, linewidth=0)
-        ax.set_title(title)
+                low = np.array(band["low"]) if log_y else np.maximum(np.array(band["low"]), 0.0)
+                ax.fill_between(steps, low, band["high"], color=colour, alpha=0.25, linewidth=0)
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel("optimizer step")
         if log_y:
             ax.set_yscale("log")

@@ -331,10 +331,11 @@ def test_verdict_of_one_seed():
     assert stats.verdict(stats.paired_interval([12.5])) == "n/a (one seed)"
 
 
-def seeded_run(root: Path, name: str, seed: int, test_wer, dev_wers, last_loss, algorithm=None):
+def seeded_run(root: Path, name: str, seed: int, test_wer, dev_wers, last_loss, algorithm=None, loss_scale=1.0):
     """A run of bench/accuracy.sh --seeds: events with test/wer, val/wer at steps 10, 20 and epoch/loss at
-    steps 10 (20.0) and 20 (`last_loss`); config.yaml with its seed."""
-    scalars = {"train/loss": [(s, 30.0 - s) for s in range(1, 21)], "dev/wer": list(zip((10, 20), dev_wers)),
+    steps 10 (20.0) and 20 (`last_loss`), train/loss loss_scale x (30 - step) at steps 1-20; config.yaml with
+    its seed."""
+    scalars = {"train/loss": [(s, loss_scale * (30.0 - s)) for s in range(1, 21)], "dev/wer": list(zip((10, 20), dev_wers)),
                "epoch/loss": [(10, 20.0), (20, last_loss)]}
     if test_wer is not None:
         scalars["test/wer"] = [(20, test_wer)]
@@ -470,6 +471,19 @@ def test_paired_curves_are_the_mean_over_seeds_with_its_interval(seeded_runs, tm
     assert list(loss["steps"]) == list(range(1, 21)) and loss["mean"] == pytest.approx([30.0 - s for s in range(1, 21)])
     assert cr.seed_band(groups["topka"], "test/wer")["values"].shape == (2, 1)  # seed 2 logged none
     assert cr.seed_band(groups["topka"], "no/such_tag") is None
+    # The loss panel's band, by hand: two seeds with train/loss 30 - step and 2 x (30 - step), running means over
+    # 4 points (at step 20: 11.5 and 23), then mean and interval of the logarithms: geometric mean sqrt(11.5 x 23),
+    # log half-width t(0.975, 1) x sd(ln 11.5, ln 23) / sqrt(2) = 12.7062 x (ln 2 / sqrt 2) / sqrt 2.
+    pair = {1: cr.load_run(seeded_run(tmp_path / "scaled", "a-s1", 1, 0.5, (0.75, 0.5), 8.0)),
+            2: cr.load_run(seeded_run(tmp_path / "scaled", "a-s2", 2, 0.5, (0.75, 0.5), 8.0, loss_scale=2.0))}
+    band = cr.seed_band(pair, "train/loss", window=4, log=True)
+    assert list(band["values"][:, :2].ravel()) == pytest.approx([29.0, 28.5, 58.0, 57.0])  # the window fills up
+    half = 12.7062 * np.log(2) / 2
+    assert band["mean"][-1] == pytest.approx(np.sqrt(11.5 * 23))
+    assert (band["low"][-1], band["high"][-1]) == pytest.approx(
+        (np.sqrt(11.5 * 23) * np.exp(-half), np.sqrt(11.5 * 23) * np.exp(half)), rel=1e-4)
+    assert min(band["low"]) > 0  # the arithmetic interval would go below 0 here, off a log axis
+    assert cr.seed_band(pair, "train/loss")["low"][-1] < 0
     out = tmp_path / "compare"
     proc = compare(*seeded_runs, "--out", out, "--paired-against", "dense")
     assert proc.returncode == 0, proc.stderr
