@@ -2,6 +2,9 @@
 
     .venv/bin/python scripts/compare_runs.py runs/A runs/B [...] --out results/compare
 
+A run directory without event files is read from its metrics.jsonl (or metrics.jsonl.gz: the runs kept in
+docs/results/), which holds the same scalars.
+
 Writes, under --out:
   curves_vs_step.png, curves_vs_wall_time.png, curves_vs_bytes.png
       dev WER (dev/wer) and train loss (train/loss) against the optimizer step, against wall time
@@ -57,7 +60,7 @@ from tensorboard.util import tensor_util
 
 from sparse_asr.compression import COMPRESSORS
 from sparse_asr.stats import MARGIN_PCT, paired_interval, verdict
-from sparse_asr.training.runlog import current_name
+from sparse_asr.training.runlog import current_name, metrics_path, read_metrics
 
 EVENT_GLOB = "events.out.tfevents.*"
 
@@ -112,12 +115,17 @@ def load_run(run_dir: str | Path) -> Run:
     if not run_dir.is_dir():
         raise SystemExit(f"compare_runs: {run_dir} is not a directory")
     event_dirs = sorted({p.parent for p in run_dir.rglob(EVENT_GLOB)})
-    if not event_dirs:
-        raise SystemExit(f"compare_runs: no TensorBoard event files ({EVENT_GLOB}) under {run_dir}")
     merged: dict[str, list[tuple[float, int, float]]] = {}
     for directory in event_dirs:
         for tag, points in read_event_dir(directory).items():
             merged.setdefault(current_name(tag), []).extend(points)
+    if not event_dirs and metrics_path(run_dir):  # a run kept without its events (docs/results): the same scalars
+        for row in read_metrics(run_dir):
+            for tag, value in row.items():
+                if tag not in ("kind", "step", "epoch", "time"):
+                    merged.setdefault(tag, []).append((row["time"], row["step"], float(value)))
+    elif not event_dirs:
+        raise SystemExit(f"compare_runs: no TensorBoard event files ({EVENT_GLOB}) or metrics.jsonl under {run_dir}")
     if not merged:
         raise SystemExit(f"compare_runs: the event files under {run_dir} hold no scalars")
     curves = {}

@@ -492,6 +492,39 @@ def test_paired_curves_are_the_mean_over_seeds_with_its_interval(seeded_runs, tm
 
 
 @pytest.mark.unit
+def test_a_run_kept_with_only_its_metrics_compares_as_with_its_events(seeded_runs, tmp_path):
+    """docs/results keeps runs as config.yaml + metrics.jsonl.gz (no TensorBoard events): compare_runs reads the
+    same scalars from it, old tag names included, and writes the same paired table as from the events."""
+    import gzip
+    import json
+    kept = []
+    for run_dir in seeded_runs:
+        run = compare_runs.load_run(run_dir)
+        rows = {}
+        for tag, curve in run.curves.items():
+            for step, wall, value in zip(curve.steps, curve.wall_times, curve.values):
+                row = rows.setdefault(int(step), {"kind": "train", "step": int(step), "epoch": 0, "time": float(wall)})
+                row["val/wer" if tag == "dev/wer" else tag] = float(value)  # an old-style name, read as dev/wer
+        target = tmp_path / "kept" / run_dir.name
+        target.mkdir(parents=True)
+        (target / "config.yaml").write_text((run_dir / "config.yaml").read_text())
+        with gzip.open(target / "metrics.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps(rows[step]) + "\n" for step in sorted(rows))
+        again = compare_runs.load_run(target)
+        assert set(again.curves) == set(run.curves)
+        for tag, curve in run.curves.items():
+            assert list(again.curves[tag].steps) == list(curve.steps) and list(again.curves[tag].values) == list(curve.values)
+        kept.append(target)
+    for dirs, out in ((seeded_runs, tmp_path / "a"), (kept, tmp_path / "b")):
+        assert compare(*dirs, "--out", out, "--paired-against", "dense").returncode == 0
+    assert (tmp_path / "a" / "paired.csv").read_text() == (tmp_path / "b" / "paired.csv").read_text()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = compare(empty, "--out", tmp_path / "c")
+    assert proc.returncode != 0 and "no TensorBoard event files (events.out.tfevents.*) or metrics.jsonl" in proc.stderr
+
+
+@pytest.mark.unit
 def test_target_run_by_label_takes_the_run_at_the_same_seed(seeded_runs, tmp_path):
     out = tmp_path / "compare"
     proc = compare(*seeded_runs, "--out", out, "--target-run", "dense")

@@ -10,6 +10,7 @@ Runs logged before the dev set's rename call it "val" (kind "val", tags val/*): 
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -27,14 +28,22 @@ def current_name(name: str) -> str:
     return OLD_NAMES.get(head, head) + slash + rest
 
 
+def metrics_path(run_dir: str | Path) -> Path | None:
+    """The run's metrics.jsonl, else metrics.jsonl.gz (a run archived with docs/results), else None."""
+    for name in ("metrics.jsonl", "metrics.jsonl.gz"):
+        if (Path(run_dir) / name).is_file():
+            return Path(run_dir) / name
+    return None
+
+
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """A run's metrics.jsonl rows with kinds and tags under today's names (NaN or Infinity is an error)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    """A run's metrics.jsonl (or .gz) rows with kinds and tags under today's names (NaN or Infinity is an error)."""
+    path = metrics_path(run_dir) or Path(run_dir) / "metrics.jsonl"
 
     def refuse(constant):
         raise ValueError(f"non-finite value {constant} in {path}")
 
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
         rows = [json.loads(line, parse_constant=refuse) for line in f if line.strip()]
     return [{current_name(k): current_name(v) if k == "kind" else v for k, v in row.items()} for row in rows]
 
