@@ -225,7 +225,8 @@ def test_run_without_events_or_config(tmp_path):
     empty.mkdir()
     (empty / "config.yaml").write_text(yaml.safe_dump(config("dense", 0.01, 1)))
     proc = compare(empty, "--out", tmp_path / "o")
-    assert proc.returncode != 0 and f"no TensorBoard event files (events.out.tfevents.*) under {empty}" in proc.stderr
+    assert proc.returncode != 0
+    assert f"no TensorBoard event files (events.out.tfevents.*) or metrics.jsonl under {empty}" in proc.stderr
     proc = compare(tmp_path / "missing", "--out", tmp_path / "o")
     assert proc.returncode != 0 and f"{tmp_path / 'missing'} is not a directory" in proc.stderr
     bare = tmp_path / "bare"  # events only: algorithm, density, P empty; nothing to plot against bytes
