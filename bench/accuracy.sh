@@ -105,12 +105,7 @@ done
 config_name=$(basename "${config%.*}")
 out=${out:-bench/results/accuracy-$config_name-p$ranks${epochs:+-e$epochs}}
 cd "$REPO"
-# A checkout's .venv, or python3 and mpiexec from PATH (an offline bundle after `source bootstrap.sh`).
-if [[ -x .venv/bin/python ]]; then
-    PYTHON=${PYTHON:-.venv/bin/python} MPIEXEC=${MPIEXEC:-.venv/bin/mpiexec}
-else
-    PYTHON=${PYTHON:-python3} MPIEXEC=${MPIEXEC:-mpiexec}
-fi
+source scripts/lib/tools.sh  # PYTHON, MPIEXEC
 
 common=("distributed.world_size=$ranks")
 [[ -z "$epochs" ]] || common+=("train.epochs=$epochs")

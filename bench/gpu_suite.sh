@@ -65,11 +65,7 @@ while (($#)); do
         *) echo "gpu_suite.sh: error: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
     esac
 done
-if [[ -x .venv/bin/python ]]; then
-    PYTHON=${PYTHON:-.venv/bin/python} MPIEXEC=${MPIEXEC:-.venv/bin/mpiexec}
-else
-    PYTHON=${PYTHON:-python3} MPIEXEC=${MPIEXEC:-mpiexec}
-fi
+source scripts/lib/tools.sh  # PYTHON, MPIEXEC
 for manifest in manifests/an4_train.csv manifests/an4_dev.csv manifests/an4_test.csv; do
     [[ -f "$manifest" ]] || { echo "gpu_suite.sh: error: $manifest is missing (prepare AN4, see README.md)" >&2; exit 2; }
 done

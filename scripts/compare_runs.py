@@ -116,18 +116,19 @@ def load_run(run_dir: str | Path) -> Run:
         raise SystemExit(f"compare_runs: {run_dir} is not a directory")
     event_dirs = sorted({p.parent for p in run_dir.rglob(EVENT_GLOB)})
     merged: dict[str, list[tuple[float, int, float]]] = {}
-    for directory in event_dirs:
-        for tag, points in read_event_dir(directory).items():
-            merged.setdefault(current_name(tag), []).extend(points)
-    if not event_dirs and metrics_path(run_dir):  # a run kept without its events (docs/results): the same scalars
+    if event_dirs:
+        for directory in event_dirs:
+            for tag, points in read_event_dir(directory).items():
+                merged.setdefault(current_name(tag), []).extend(points)
+    elif metrics_path(run_dir):  # a run kept without its events (docs/results): the same scalars
         for row in read_metrics(run_dir):
             for tag, value in row.items():
                 if tag not in ("kind", "step", "epoch", "time"):
                     merged.setdefault(tag, []).append((row["time"], row["step"], float(value)))
-    elif not event_dirs:
+    else:
         raise SystemExit(f"compare_runs: no TensorBoard event files ({EVENT_GLOB}) or metrics.jsonl under {run_dir}")
     if not merged:
-        raise SystemExit(f"compare_runs: the event files under {run_dir} hold no scalars")
+        raise SystemExit(f"compare_runs: the event files or metrics under {run_dir} hold no scalars")
     curves = {}
     for tag, points in merged.items():
         by_step = {}
