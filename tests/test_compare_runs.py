@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("compare_runs", REPO / "scripts" / "compare_runs.py")
 compare_runs = sys.modules.setdefault("compare_runs", importlib.util.module_from_spec(spec))
 spec.loader.exec_module(compare_runs)
+spec = importlib.util.spec_from_file_location("keep_runs", REPO / "scripts" / "keep_runs.py")
+keep_runs = sys.modules.setdefault("keep_runs", importlib.util.module_from_spec(spec))
+spec.loader.exec_module(keep_runs)
 
 PLOTS = ["curves_vs_step.png", "curves_vs_wall_time.png", "curves_vs_bytes.png"]
 COLORS = [(0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)]  # matplotlib's first two line colours (C0, C1)
@@ -240,14 +243,22 @@ def test_run_without_events_or_config(tmp_path):
 # ------------------------------------------------------------------------------------------- real runs
 @pytest.mark.mpi
 def test_real_runs_one_and_two_ranks(an4_manifests, tmp_path):
-    """configs/smoke.yaml at P=1 (dense) and P=2 (TopkA); the table must agree with each run's metrics.jsonl."""
+    """configs/smoke.yaml at P=1 (dense) and P=2 (TopkA); the table must agree with each run's metrics.jsonl,
+    from the run directories and from the runs as scripts/keep_runs.py keeps them (no events, no checkpoints)."""
     common = ["train.py", "--config", "configs/smoke.yaml", f"out_dir={tmp_path}",
               *(f"data.{s}_manifest={an4_manifests / f'an4_{s}.csv'}" for s in ("train", "dev", "test"))]
     check_mpi(1, common + ["name=p1-dense"], timeout=300)
     check_mpi(2, common + ["name=p2-topka", "compression.algorithm=topka", "compression.density=0.05"], timeout=300)
-    out = tmp_path / "compare"
-    proc = compare(tmp_path / "p1-dense", tmp_path / "p2-topka", "--out", out)
-    assert proc.returncode == 0, proc.stderr
+    runs = [tmp_path / "p1-dense", tmp_path / "p2-topka"]
+    assert keep_runs.main([*map(str, runs), "--into", str(tmp_path / "kept")]) == 0
+    for dirs, out in ((runs, tmp_path / "compare"), (sorted((tmp_path / "kept").iterdir()), tmp_path / "compare_kept")):
+        proc = compare(*dirs, "--out", out)
+        assert proc.returncode == 0, proc.stderr
+        check_real_runs(tmp_path, out)
+
+
+def check_real_runs(tmp_path: Path, out: Path) -> None:
+    """compare_runs' table and plots of test_real_runs_one_and_two_ranks against each run's metrics.jsonl."""
     rows = {r["run"]: r for r in pd.read_csv(out / "results.csv").to_dict("records")}
     for name, algorithm, density, P in (("p1-dense", "dense", 1.0, 1), ("p2-topka", "topka", 0.05, 2)):
         row = rows[name]

@@ -1,0 +1,96 @@
+"""Keep finished training runs small enough to commit: config.yaml, provenance.jsonl and metrics.jsonl gzipped.
+
+    .venv/bin/python scripts/keep_runs.py bench/results/cell/runs/* --into docs/results/cell/runs
+
+A run directory's checkpoints and TensorBoard events are far too large for a repository; its config, provenance
+and metrics are what docs/results keeps, and compare_runs.py reads a kept run as it reads the live one. Only
+finished runs (a test row in metrics.jsonl) are kept; the others are named and skipped, so the same command can
+be rerun as runs finish. A run already kept with the same files is left as it is; one kept with other files
+(say a run of the same name from another setting) is an error, never overwritten. Symbolic links are refused,
+in the runs read (another user's directory on a shared file system) and where the kept files would go.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sparse_asr.fileio import atomic_write, open_no_follow  # noqa: E402
+
+
+def read_no_follow(path: Path) -> bytes:
+    with os.fdopen(open_no_follow(path, os.O_RDONLY), "rb") as f:
+        return f.read()
+
+
+def kept_files(run_dir: Path) -> dict[str, bytes] | None:
+    """The files to keep for `run_dir` (name -> bytes), or None when the run has not finished (no test row).
+    Raises ValueError naming what is missing or wrong."""
+    if run_dir.is_symlink():
+        raise ValueError(f"{run_dir} is a symbolic link; refusing to follow it")
+    for name in ("config.yaml", "metrics.jsonl"):
+        if not (run_dir / name).exists() and not (run_dir / name).is_symlink():
+            raise ValueError(f"{run_dir} has no {name}: not a run directory")
+    metrics = read_no_follow(run_dir / "metrics.jsonl")
+    try:
+        kinds = {json.loads(line).get("kind") for line in metrics.decode("utf-8").splitlines() if line.strip()}
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{run_dir / 'metrics.jsonl'} is not JSON lines: {e}") from None
+    if "test" not in kinds:
+        return None
+    files = {"config.yaml": read_no_follow(run_dir / "config.yaml"),
+             "metrics.jsonl.gz": gzip.compress(metrics, mtime=0)}  # mtime 0: the same run gives the same bytes
+    if (run_dir / "provenance.jsonl").exists() or (run_dir / "provenance.jsonl").is_symlink():
+        files["provenance.jsonl"] = read_no_follow(run_dir / "provenance.jsonl")
+    return files
+
+
+def contents(name: str, data: bytes) -> bytes:
+    """What a kept file holds: a gzipped one compares by its text (gzip's header records a time and name)."""
+    return gzip.decompress(data) if name.endswith(".gz") else data
+
+
+def keep(run_dir: Path, into: Path) -> str:
+    """Keep one run under into/<its name>; returns what happened ("kept", "already kept", "not finished")."""
+    files = kept_files(run_dir)
+    if files is None:
+        return "not finished (no test WER yet): skipped"
+    target = into / run_dir.name
+    if target.is_symlink():
+        raise ValueError(f"{target} is a symbolic link; refusing to write through it")
+    if target.exists():
+        present = {p.name: read_no_follow(p) for p in sorted(target.iterdir())}
+        if set(present) == set(files) and all(contents(name, present[name]) == contents(name, data)
+                                              for name, data in files.items()):
+            return "already kept"
+        raise ValueError(f"{target} already holds a run with other files ({', '.join(sorted(present))}); "
+                         f"not overwritten: remove it or keep {run_dir} under another name")
+    for name, data in files.items():
+        atomic_write(target / name, lambda f, data=data: f.write(data))
+    return f"kept ({', '.join(files)})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (e.g. bench/results/NAME/runs/*)")
+    parser.add_argument("--into", type=Path, required=True, help="directory to keep them under, one folder per run")
+    args = parser.parse_args(argv)
+    failed = False
+    for run_dir in args.runs:
+        try:
+            print(f"{run_dir}: {keep(run_dir, args.into)}")
+        except (ValueError, OSError) as e:
+            print(f"keep_runs: {e}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

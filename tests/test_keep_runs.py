@@ -1,0 +1,110 @@
+"""scripts/keep_runs.py: what it keeps of a finished run, what it skips, and what it refuses (symbolic links, a
+different run under the same name). That compare_runs reads kept real runs as the live ones:
+tests/test_compare_runs.py::test_real_runs_one_and_two_ranks."""
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("keep_runs", REPO / "scripts" / "keep_runs.py")
+keep_runs = sys.modules.setdefault("keep_runs", importlib.util.module_from_spec(spec))
+spec.loader.exec_module(keep_runs)
+
+pytestmark = pytest.mark.unit
+
+
+def make_run(root: Path, name: str, finished: bool = True, provenance: bool = True) -> Path:
+    run = root / name
+    (run / "checkpoints" / "epoch_1").mkdir(parents=True)
+    (run / "checkpoints" / "epoch_1" / "index.json").write_text("{}")
+    (run / "events.out.tfevents.1.vm.1.0").write_bytes(b"\0" * 100)
+    (run / "config.yaml").write_text(f"name: {name}\nseed: 1\n")
+    rows = [{"kind": "train", "step": 1, "epoch": 0, "time": 1.0, "train/loss": 2.5},
+            {"kind": "dev", "step": 1, "epoch": 1, "time": 2.0, "dev/wer": 0.5}]
+    if finished:
+        rows.append({"kind": "test", "step": 1, "epoch": 1, "time": 3.0, "test/wer": 0.25})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if provenance:
+        (run / "provenance.jsonl").write_text('{"host": "vm"}\n')
+    return run
+
+
+def keep(*args) -> tuple[int, str, str]:
+    import contextlib
+    import io
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = keep_runs.main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_a_finished_run_is_kept_as_config_provenance_and_gzipped_metrics(tmp_path):
+    run = make_run(tmp_path / "runs", "dense-s1")
+    code, out, err = keep(run, "--into", tmp_path / "kept")
+    assert code == 0 and err == "" and "dense-s1: kept" in out
+    kept = tmp_path / "kept" / "dense-s1"
+    assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "metrics.jsonl.gz", "provenance.jsonl"]
+    assert (kept / "config.yaml").read_bytes() == (run / "config.yaml").read_bytes()
+    assert (kept / "provenance.jsonl").read_bytes() == (run / "provenance.jsonl").read_bytes()
+    assert gzip.decompress((kept / "metrics.jsonl.gz").read_bytes()) == (run / "metrics.jsonl").read_bytes()
+    # kept again (as when rerun while other runs finish): nothing changes, nothing fails
+    before = {p.name: p.stat().st_mtime_ns for p in kept.iterdir()}
+    code, out, _ = keep(run, "--into", tmp_path / "kept")
+    assert code == 0 and "already kept" in out
+    assert {p.name: p.stat().st_mtime_ns for p in kept.iterdir()} == before
+
+
+def test_an_unfinished_run_is_skipped_and_the_others_kept(tmp_path):
+    done = make_run(tmp_path / "runs", "dense-s1")
+    running = make_run(tmp_path / "runs", "dense-s2", finished=False)
+    old = make_run(tmp_path / "runs", "dense-s3", provenance=False)  # a run from before provenance.jsonl
+    code, out, err = keep(done, running, old, "--into", tmp_path / "kept")
+    assert code == 0 and err == ""
+    assert "dense-s2: not finished" in out
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["dense-s1", "dense-s3"]
+    assert sorted(p.name for p in (tmp_path / "kept" / "dense-s3").iterdir()) == ["config.yaml", "metrics.jsonl.gz"]
+
+
+def test_a_different_run_under_the_same_name_is_not_overwritten(tmp_path):
+    first = make_run(tmp_path / "a", "dense-s1")
+    assert keep(first, "--into", tmp_path / "kept")[0] == 0
+    kept_metrics = (tmp_path / "kept" / "dense-s1" / "metrics.jsonl.gz").read_bytes()
+    other = make_run(tmp_path / "b", "dense-s1")
+    (other / "config.yaml").write_text("name: dense-s1\nseed: 1\noptim:\n  lr: 0.01\n")
+    code, out, err = keep(other, "--into", tmp_path / "kept")
+    assert code == 1 and "already holds a run with other files" in err and str(other) in err
+    assert (tmp_path / "kept" / "dense-s1" / "metrics.jsonl.gz").read_bytes() == kept_metrics
+
+
+def test_symbolic_links_are_refused_in_the_run_and_at_the_target(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a metric\n")
+    run = make_run(tmp_path / "runs", "dense-s1")
+    (run / "provenance.jsonl").unlink()
+    (run / "provenance.jsonl").symlink_to(secret)
+    code, _, err = keep(run, "--into", tmp_path / "kept")
+    assert code == 1 and "provenance.jsonl is a symbolic link" in err
+    assert not (tmp_path / "kept" / "dense-s1").exists()
+
+    good = make_run(tmp_path / "runs2", "dense-s2")
+    (tmp_path / "kept").mkdir(exist_ok=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "kept" / "dense-s2").symlink_to(elsewhere)
+    code, _, err = keep(good, "--into", tmp_path / "kept")
+    assert code == 1 and "is a symbolic link; refusing to write through it" in err
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_directory_that_is_not_a_run_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, _, err = keep(tmp_path / "empty", "--into", tmp_path / "kept")
+    assert code == 1 and f"{tmp_path / 'empty'} has no config.yaml: not a run directory" in err
+    run = make_run(tmp_path / "runs", "dense-s1")
+    (run / "metrics.jsonl").write_text('{"kind": "train"\n')
+    code, _, err = keep(run, "--into", tmp_path / "kept")
+    assert code == 1 and "metrics.jsonl is not JSON lines" in err
