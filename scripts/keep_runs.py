@@ -36,7 +36,7 @@ def kept_files(run_dir: Path) -> dict[str, bytes] | None:
     if run_dir.is_symlink():
         raise ValueError(f"{run_dir} is a symbolic link; refusing to follow it")
     for name in ("config.yaml", "metrics.jsonl"):
-        if not (run_dir / name).exists() and not (run_dir / name).is_symlink():
+        if not os.path.lexists(run_dir / name):  # a symlink counts as there: reading it is refused below
             raise ValueError(f"{run_dir} has no {name}: not a run directory")
     metrics = read_no_follow(run_dir / "metrics.jsonl")
     try:
@@ -47,7 +47,7 @@ def kept_files(run_dir: Path) -> dict[str, bytes] | None:
         return None
     files = {"config.yaml": read_no_follow(run_dir / "config.yaml"),
              "metrics.jsonl.gz": gzip.compress(metrics, mtime=0)}  # mtime 0: the same run gives the same bytes
-    if (run_dir / "provenance.jsonl").exists() or (run_dir / "provenance.jsonl").is_symlink():
+    if os.path.lexists(run_dir / "provenance.jsonl"):
         files["provenance.jsonl"] = read_no_follow(run_dir / "provenance.jsonl")
     return files
 
