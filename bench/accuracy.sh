@@ -3,10 +3,10 @@
 # (mpiexec -n P train.py ... name=<run>), then ONE table (final/best dev WER, test WER and CER, bytes
 # received per rank per step, time per step, and with dense among the runs the step and bytes at which each
 # run first reaches dense's best dev WER within 5%) and curves against step and cumulative bytes received
-# (scripts/compare_runs.py), all in the output directory. A run that was interrupted resumes from its
-# last checkpoint when the same command is given again. With --seeds "1 2 3" every algorithm trains at
-# every seed (runs <algorithm>-s<seed>, seed by seed), and with dense among them paired.md compares each
-# algorithm with dense seed by seed: the mean difference with a 95% interval and a verdict.
+# (scripts/compare_runs.py), all in the output directory. Given again, the same command resumes an
+# interrupted run from its last checkpoint and tables a finished one as it is. With --seeds "1 2 3" every
+# algorithm trains at every seed (runs <algorithm>-s<seed>, seed by seed), and with dense among them paired.md
+# compares each algorithm with dense seed by seed: the mean difference with a 95% interval and a verdict.
 #   bash bench/accuracy.sh [-c CONFIG] [-n P] [-e EPOCHS] [--seed S | --seeds "S ..."] [-a "dense oktopk ..."] [-o DIR] [key=value ...]
 set -euo pipefail
 REPO=$(realpath "$(dirname "$0")/..")
@@ -121,12 +121,6 @@ for s in "${seeds[@]}"; do
         run_seeds+=("$s")
     done
 done
-for name in "${runs[@]}"; do  # before anything slow
-    run_dir=$out/runs/$name
-    [[ -e "$run_dir/checkpoints/last" || ! -e "$run_dir" ]] ||
-        die "$run_dir exists but holds no checkpoint to resume from; remove it to train again"
-done
-
 # Every run's config is checked now (unknown algorithm, bad override, batch not divisible by P), not
 # hours into the benchmark; prints the resolved epochs, seed, global batch and model.
 check_seed=(${seeds[0]:+"seed=${seeds[0]}"})  # the first seed stands for all: a seed cannot make a config invalid
@@ -149,19 +143,45 @@ EOF
 ) || exit 2
 read -r epochs_used seed_used batch model sync_bn <<<"$settings"
 
-commands=() run_dirs=()
+# finished RUN_DIR: its metrics.jsonl holds a test row at the configured epochs (run again with more epochs,
+# it resumes instead)
+finished() {
+    "$PYTHON" - "$1/metrics.jsonl" "$epochs_used" <<'EOF'
+import json
+import sys
+
+path, epochs = sys.argv[1], int(sys.argv[2])
+try:
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+except (OSError, ValueError):
+    sys.exit(1)
+sys.exit(0 if any(row.get("kind") == "test" and row.get("epoch") == epochs for row in rows) else 1)
+EOF
+}
+
+# A finished run is tabled as it is, not reopened (a resume would score the test set again and rewrite its
+# files); an unfinished one resumes from its last checkpoint.
+commands=() run_dirs=() todo=()
 for r in "${!runs[@]}"; do
     run_dir=$out/runs/${runs[$r]}
+    run_dirs+=("$run_dir")
+    if [[ -e "$run_dir" ]] && finished "$run_dir"; then
+        echo "accuracy.sh: ${runs[$r]}: finished ($epochs_used epochs and its test WER in $run_dir/metrics.jsonl): not run again" >&2
+        continue
+    fi
+    [[ -e "$run_dir/checkpoints/last" || ! -e "$run_dir" ]] ||
+        die "$run_dir exists but holds no checkpoint to resume from; remove it to train again"
     read -r -a own <<<"${run_overrides[${run_entries[$r]}]}"
     s=${run_seeds[$r]}
     command=("$MPIEXEC" -n "$ranks" "$PYTHON" train.py --config "$config" "out_dir=$out/runs"
              "name=${runs[$r]}" "${own[@]}" "${common[@]}" ${s:+"seed=$s"})
     [[ ! -e "$run_dir/checkpoints/last" ]] || command+=(--resume "$run_dir")
     commands+=("$(shell_join "${command[@]}")")
-    run_dirs+=("$run_dir")
+    todo+=("$r")
 done
 if ((dry_run)); then
-    printf '%s\n' "${commands[@]}"
+    ((${#commands[@]} == 0)) || printf '%s\n' "${commands[@]}"
     exit 0
 fi
 
@@ -173,14 +193,14 @@ mkdir -p "$out/logs"
 started=$(date '+%Y-%m-%d %H:%M:%S')
 failed=()
 running=0
-for i in "${!runs[@]}"; do
-    name=${runs[$i]}
-    echo "accuracy.sh: $name: ${commands[$i]}" >&2
+for c in "${!commands[@]}"; do
+    name=${runs[${todo[$c]}]}
+    echo "accuracy.sh: $name: ${commands[$c]}" >&2
     # Logs are appended to: a resumed run's log keeps its beginning.
     if ((jobs == 1)); then
-        bash -c "${commands[$i]}" 2>&1 | tee -a "$out/logs/$name.log" || failed+=("$name")
+        bash -c "${commands[$c]}" 2>&1 | tee -a "$out/logs/$name.log" || failed+=("$name")
     else
-        bash -c "${commands[$i]}" >>"$out/logs/$name.log" 2>&1 &
+        bash -c "${commands[$c]}" >>"$out/logs/$name.log" 2>&1 &
         running=$((running + 1))
         if ((running >= jobs)); then
             wait -n || failed+=("some run (see $out/logs)")

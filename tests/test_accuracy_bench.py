@@ -64,17 +64,25 @@ def test_tiny_benchmark_writes_one_table_of_real_figures(an4_manifests, tmp_path
     assert float(rows["topka"]["bytes_recv_per_step"]) < dense_bytes / 5  # density 0.05
     for name in ("curves_vs_step.png", "curves_vs_bytes.png", "results.csv", "wer_vs_time.md"):
         assert (out / name).stat().st_size > 0, name
-    # the same command again resumes both finished runs instead of training anew: nothing is trained, the
-    # logs keep the first run's lines, the table is the same
+    # the same command again neither trains nor reopens the finished runs (a resume would score the test set
+    # again and rewrite their files): the runs' files are untouched and the table is the same
+    files = {p: p.read_bytes() for p in (out / "runs").rglob("*") if p.is_file()}
     proc = accuracy_sh(*tiny_args(an4_manifests, out), "--dry-run")
-    assert proc.returncode == 0 and proc.stdout.count("--resume") == 2, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.count("finished (1 epochs and its test WER") == 2, proc.stderr
     proc = accuracy_sh(*tiny_args(an4_manifests, out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     again = table_rows((out / "accuracy.md").read_text())
     for algorithm, row in rows.items():
         assert (again[algorithm]["steps"], again[algorithm]["test_wer"]) == (row["steps"], row["test_wer"])
         log = (out / "logs" / f"{algorithm}.log").read_text()
-        assert log.count(f"done: {out / 'runs' / algorithm}") == 2 and log.count("step 1: gradient exchange") == 1
+        assert log.count(f"done: {out / 'runs' / algorithm}") == 1 and log.count("step 1: gradient exchange") == 1
+    assert {p: p.read_bytes() for p in (out / "runs").rglob("*") if p.is_file()} == files
+    # asked for more epochs than they have, both resume from their last checkpoint
+    args = tiny_args(an4_manifests, out)
+    args[args.index("-e") + 1] = "2"
+    proc = accuracy_sh(*args, "--dry-run")
+    assert proc.returncode == 0 and proc.stdout.count("--resume") == 2, proc.stdout + proc.stderr
 
 
 @pytest.mark.mpi
@@ -104,9 +112,14 @@ def test_tiny_benchmark_over_seeds_pairs_every_algorithm_with_dense(an4_manifest
     assert [test["diff_s1"], test["diff_s2"]] == pytest.approx(diffs)
     assert test["mean_diff"] == pytest.approx(sum(diffs) / 2)
     assert "## Paired by seed against dense" in markdown and (out / "paired.md").read_text() in markdown
-    # the same command again resumes all four runs
+    # the same command again runs none of the four (all finished); a half-trained run resumes
     proc = accuracy_sh(*tiny_args(an4_manifests, out), "--seeds", "2 1", "--dry-run")
-    assert proc.returncode == 0 and proc.stdout.count("--resume") == 4, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr.count("finished") == 4, proc.stdout + proc.stderr
+    metrics = out / "runs" / "topka-s1" / "metrics.jsonl"
+    metrics.write_text("".join(line for line in metrics.read_text().splitlines(keepends=True) if '"test"' not in line))
+    proc = accuracy_sh(*tiny_args(an4_manifests, out), "--seeds", "2 1", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n") == 1 and proc.stdout.endswith(f"--resume {out / 'runs' / 'topka-s1'}\n"), proc.stdout
 
 
 def test_seeds_run_every_algorithm_at_every_seed(tmp_path):
