@@ -68,6 +68,7 @@ import pandas as pd
 import yaml
 
 from sparse_asr.compression import COMPRESSORS
+from sparse_asr.figures import save_png
 from sparse_asr.models import model_with_numel
 
 ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk", "cltk", "powersgd"]  # table column order
@@ -382,7 +383,7 @@ def plot(df: pd.DataFrame, path: Path, title: str) -> None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
 
 

@@ -569,6 +569,8 @@ def plot(summary: pd.DataFrame, path: Path, densities: list[float]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from sparse_asr.figures import save_png
+
     several = len(densities) > 1
     panels = len(densities) + several
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2), squeeze=False)
@@ -599,7 +601,7 @@ def plot(summary: pd.DataFrame, path: Path, densities: list[float]) -> None:
     axes[0][0].set_ylabel("cos(update, dense mean gradient), mean over steps")
     axes[0][0].legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
 
 

@@ -59,6 +59,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
 from sparse_asr.compression import COMPRESSORS
+from sparse_asr.figures import save_png
 from sparse_asr.stats import MARGIN_PCT, paired_interval, verdict
 from sparse_asr.training.runlog import current_name, metrics_path, read_metrics
 
@@ -505,7 +506,7 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
                         ha="center", va="center", transform=ax.transAxes)
         fig.tight_layout()
         path = out_dir / filename
-        fig.savefig(path, dpi=110)
+        save_png(fig, path)
         plt.close(fig)
         written.append(path)
     return written
@@ -577,7 +578,7 @@ def plot_paired(runs: list[Run], out_dir: Path) -> Path:
     axes[0].set_ylabel("mean over seeds, 95% interval of the mean shaded")
     fig.tight_layout()
     path = out_dir / "paired_curves_vs_step.png"
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
     return path
 
