@@ -28,7 +28,10 @@ Writes, under --out:
       means with 95% Student-t intervals (n-1 degrees of freedom; none for one seed), and a verdict from
       the relative interval ("not resolved" when it holds both -5% and +5%; the rule: sparse_asr/stats.py).
       A seed that only one side ran, or a value one side never logged, is named in `unpaired`. Runs pair
-      by their config's `seed`; a run's label is its name without the suffix -s<seed>.
+      by their config's `seed`; a run's label is its name without the suffix -s<seed>. --label-by KEY
+      appends @<KEY's last part>=<value> to every label (and name): with distributed.world_size, Ok-Topk at
+      P = 1, 2 and 4 are the labels oktopk@world_size=1, =2 and =4, each paired with dense@world_size=4 or
+      with one another.
   paired_curves_vs_step.png (with --paired-against)
       one colour per label: the mean over its seeds of dev WER and train loss at every step all its seeds
       logged, the 95% interval of that mean as a band, each seed as a faint line; the loss on a log scale,
@@ -265,6 +268,17 @@ def run_label(run: Run) -> str:
     if seed is not None and run.name.endswith(suffix) and len(run.name) > len(suffix):
         return run.name[: -len(suffix)]
     return run.name
+
+
+def label_by(run: Run, key: str) -> None:
+    """--label-by KEY: the run's name, and so its label, gets '@<KEY's last part>=<its value>' before the seed
+    suffix (oktopk-s1 at distributed.world_size 2: oktopk@world_size=2-s1), so that runs of one algorithm from
+    cells that differ in KEY are labels of their own: paired, tabled and plotted side by side."""
+    value = run.config_value(key)
+    if value is None or isinstance(value, (dict, list)):
+        raise SystemExit(f"compare_runs: --label-by {key}: {run.path / 'config.yaml'} has no value at {key}")
+    label = run_label(run)
+    run.name = f"{label}@{key.rsplit('.', 1)[-1]}={value}{run.name[len(label):]}"
 
 
 def runs_by_label_and_seed(runs: list[Run]) -> dict[str, dict[int, Run]]:
@@ -617,15 +631,22 @@ def main(argv=None) -> int:
     parser.add_argument("--target-slack", type=float, default=0.05, help="relative slack of --target-run")
     parser.add_argument("--paired-against", metavar="LABEL",
                         help="also write paired.{csv,md}: every other label against LABEL, seed by seed")
+    parser.add_argument("--label-by", metavar="KEY",
+                        help="a config key (e.g. distributed.world_size) whose value each run's label carries "
+                             "(oktopk@world_size=2): runs of one algorithm from different cells side by side")
     parser.add_argument("--spread", action="store_true",
                         help="also write spread.{csv,md}: per label, the runs left on CTC's plateau and test WER's spread")
     args = parser.parse_args(argv)
 
-    names = [Path(d).name for d in args.run_dirs]
+    runs = [load_run(d) for d in args.run_dirs]
+    if args.label_by is not None:
+        for run in runs:
+            label_by(run, args.label_by)
+    names = [run.name for run in runs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise SystemExit(f"compare_runs: runs with the same directory name would share a legend entry: {duplicates}")
-    runs = [load_run(d) for d in args.run_dirs]
+        raise SystemExit(f"compare_runs: runs with the same name would share a legend entry: {duplicates} (runs of "
+                         f"different cells: --label-by the config key that tells them apart)")
     targets = [args.target_wer] * len(runs)
     if args.target_run is not None:
         targets = run_targets(runs, args.target_run, args.target_slack)

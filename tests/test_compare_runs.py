@@ -343,15 +343,16 @@ def test_verdict_of_one_seed():
     assert stats.verdict(stats.paired_interval([12.5])) == "n/a (one seed)"
 
 
-def seeded_run(root: Path, name: str, seed: int, test_wer, dev_wers, last_loss, algorithm=None, loss_scale=1.0):
+def seeded_run(root: Path, name: str, seed: int, test_wer, dev_wers, last_loss, algorithm=None, loss_scale=1.0,
+               P=4):
     """A run of bench/accuracy.sh --seeds: events with test/wer, val/wer at steps 10, 20 and epoch/loss at
     steps 10 (20.0) and 20 (`last_loss`), train/loss loss_scale x (30 - step) at steps 1-20; config.yaml with
-    its seed."""
+    its seed and P."""
     scalars = {"train/loss": [(s, loss_scale * (30.0 - s)) for s in range(1, 21)], "dev/wer": list(zip((10, 20), dev_wers)),
                "epoch/loss": [(10, 20.0), (20, last_loss)]}
     if test_wer is not None:
         scalars["test/wer"] = [(20, test_wer)]
-    cfg = config(algorithm or name.split("-")[0], 0.02, 4)
+    cfg = config(algorithm or name.split("-")[0], 0.02, P)
     cfg["seed"] = seed
     write_run(root / name, cfg, scalars)
     return root / name
@@ -565,6 +566,42 @@ def test_pairing_errors_name_the_runs(seeded_runs, tmp_path):
     proc = compare(*seeded_runs, bare, "--out", tmp_path / "o", "--paired-against", "dense")
     assert proc.returncode != 0 and f"{bare / 'config.yaml'} has none (seed: None)" in proc.stderr
     assert not (tmp_path / "o" / "paired.md").exists()
+
+
+@pytest.mark.unit
+def test_label_by_pairs_cells_of_one_algorithm(seeded_runs, tmp_path):
+    """Ok-Topk at P = 4 (seeded_runs) and at P = 1 (another cell, the same run names): --label-by
+    distributed.world_size makes them two labels, each paired with dense by hand, and with each other."""
+    cell_p1 = [seeded_run(tmp_path / "p1", f"oktopk-s{seed}", seed, test, (0.75, 0.5), 8.0, P=1)
+               for seed, test in ((1, 0.5), (2, 0.375), (3, 0.625))]
+    runs = [*seeded_runs[:6], *cell_p1]  # dense and oktopk at P = 4, seeds 1-3; oktopk at P = 1
+    proc = compare(*runs, "--out", tmp_path / "o", "--paired-against", "dense")
+    assert proc.returncode != 0 and "runs with the same name would share a legend entry" in proc.stderr
+    out = tmp_path / "by_p"
+    proc = compare(*runs, "--out", out, "--label-by", "distributed.world_size", "--paired-against", "dense@world_size=4")
+    assert proc.returncode == 0, proc.stderr
+    test = pd.read_csv(out / "paired.csv").set_index(["run", "metric"]).xs("test_wer", level="metric")
+    assert list(test.index) == ["oktopk@world_size=4", "oktopk@world_size=1"]
+    dense, p4, p1 = (0.5, 0.25, 0.625), (0.5625, 0.25, 0.6875), (0.5, 0.375, 0.625)
+    for label, values in (("oktopk@world_size=4", p4), ("oktopk@world_size=1", p1)):
+        assert [test.loc[label, f"diff_s{s}"] for s in (1, 2, 3)] == pytest.approx(
+            [v - d for v, d in zip(values, dense)]), label
+    results = pd.read_csv(out / "results.csv")
+    assert list(results["run"]) == ["dense@world_size=4-s1", "dense@world_size=4-s2", "dense@world_size=4-s3",
+                                    "oktopk@world_size=4-s1", "oktopk@world_size=4-s2", "oktopk@world_size=4-s3",
+                                    "oktopk@world_size=1-s1", "oktopk@world_size=1-s2", "oktopk@world_size=1-s3"]
+    # the cells against each other: P = 4's cost over P = 1, seed by seed
+    proc = compare(*runs[3:], "--out", tmp_path / "cells", "--label-by", "distributed.world_size",
+                   "--paired-against", "oktopk@world_size=1")
+    assert proc.returncode == 0, proc.stderr
+    cells = pd.read_csv(tmp_path / "cells" / "paired.csv").set_index("metric").loc["test_wer"]
+    assert cells["run"] == "oktopk@world_size=4"
+    assert [cells[f"diff_s{s}"] for s in (1, 2, 3)] == pytest.approx([a - b for a, b in zip(p4, p1)])
+    # a run whose config lacks the key is named
+    bare = tmp_path / "bare" / "dense-s1"
+    write_run(bare, {"seed": 1}, {"dev/wer": [(1, 0.5)]})
+    proc = compare(bare, "--out", tmp_path / "o", "--label-by", "distributed.world_size")
+    assert proc.returncode != 0 and f"{bare / 'config.yaml'} has no value at distributed.world_size" in proc.stderr
 
 
 @pytest.mark.unit
