@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/compare_runs.py runs/A runs/B [...] --out results/compare
 
-A run directory without event files is read from its metrics.jsonl (or metrics.jsonl.gz: the runs kept in
+A run directory without event files is read from its metrics.jsonl (or metrics.jsonl.xz or .gz: the runs kept in
 docs/results/), which holds the same scalars.
 
 Writes, under --out:

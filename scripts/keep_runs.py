@@ -1,19 +1,22 @@
-"""Keep finished training runs small enough to commit: config.yaml, provenance.jsonl and metrics.jsonl gzipped.
+"""Keep finished training runs small enough to commit: config.yaml, provenance.jsonl and metrics.jsonl as xz.
 
     .venv/bin/python scripts/keep_runs.py bench/results/cell/runs/* --into docs/results/cell/runs
 
 A run directory's checkpoints and TensorBoard events are far too large for a repository; its config, provenance
 and metrics are what docs/results keeps, and compare_runs.py reads a kept run as it reads the live one. Only
 finished runs (a test row in metrics.jsonl) are kept; the others are named and skipped, so the same command can
-be rerun as runs finish. A run already kept with the same files is left as it is; one kept with other files
-(say a run of the same name from another setting) is an error, never overwritten. Symbolic links are refused,
-in the runs read (another user's directory on a shared file system) and where the kept files would go.
+be rerun as runs finish. xz, not gzip: a third fewer bytes for these JSON lines, and the checkout travels to GPU
+nodes beside the offline bundle under a size limit. A run already kept with the same files (its metrics as .xz
+or, kept before, as .gz) is left as it is; one kept with other files (say a run of the same name from another
+setting) is an error, never overwritten. Symbolic links are refused, in the runs read (another user's directory
+on a shared file system) and where the kept files would go.
 """
 from __future__ import annotations
 
 import argparse
 import gzip
 import json
+import lzma
 import os
 import sys
 from pathlib import Path
@@ -46,15 +49,18 @@ def kept_files(run_dir: Path) -> dict[str, bytes] | None:
     if "test" not in kinds:
         return None
     files = {"config.yaml": read_no_follow(run_dir / "config.yaml"),
-             "metrics.jsonl.gz": gzip.compress(metrics, mtime=0)}  # mtime 0: the same run gives the same bytes
+             "metrics.jsonl.xz": lzma.compress(metrics, preset=9 | lzma.PRESET_EXTREME)}
     if os.path.lexists(run_dir / "provenance.jsonl"):
         files["provenance.jsonl"] = read_no_follow(run_dir / "provenance.jsonl")
     return files
 
 
-def contents(name: str, data: bytes) -> bytes:
-    """What a kept file holds: a gzipped one compares by its text (gzip's header records a time and name)."""
-    return gzip.decompress(data) if name.endswith(".gz") else data
+def texts(files: dict[str, bytes]) -> dict[str, bytes]:
+    """Kept files by what they hold: metrics.jsonl.xz and .gz both as metrics.jsonl and its text (a gzip header
+    records a time and a name, and runs kept before xz hold .gz)."""
+    decompress = {".xz": lzma.decompress, ".gz": gzip.decompress}
+    return {(name[:-3] if name[-3:] in decompress else name): decompress.get(name[-3:], bytes)(data)
+            for name, data in files.items()}
 
 
 def keep(run_dir: Path, into: Path) -> str:
@@ -67,8 +73,7 @@ def keep(run_dir: Path, into: Path) -> str:
         raise ValueError(f"{target} is a symbolic link; refusing to write through it")
     if target.exists():
         present = {p.name: read_no_follow(p) for p in sorted(target.iterdir())}
-        if set(present) == set(files) and all(contents(name, present[name]) == contents(name, data)
-                                              for name, data in files.items()):
+        if texts(present) == texts(files):
             return "already kept"
         raise ValueError(f"{target} already holds a run with other files ({', '.join(sorted(present))}); "
                          f"not overwritten: remove it or keep {run_dir} under another name")

@@ -506,12 +506,14 @@ def test_paired_curves_are_the_mean_over_seeds_with_its_interval(seeded_runs, tm
 
 @pytest.mark.unit
 def test_a_run_kept_with_only_its_metrics_compares_as_with_its_events(seeded_runs, tmp_path):
-    """docs/results keeps runs as config.yaml + metrics.jsonl.gz (no TensorBoard events): compare_runs reads the
-    same scalars from it, old tag names included, and writes the same paired table as from the events."""
+    """docs/results keeps runs as config.yaml + metrics.jsonl.xz (older ones .gz; no TensorBoard events):
+    compare_runs reads the same scalars from it, old tag names included, and writes the same paired table as from
+    the events."""
     import gzip
     import json
+    import lzma
     kept = []
-    for run_dir in seeded_runs:
+    for i, run_dir in enumerate(seeded_runs):
         run = compare_runs.load_run(run_dir)
         rows = {}
         for tag, curve in run.curves.items():
@@ -521,7 +523,8 @@ def test_a_run_kept_with_only_its_metrics_compares_as_with_its_events(seeded_run
         target = tmp_path / "kept" / run_dir.name
         target.mkdir(parents=True)
         (target / "config.yaml").write_text((run_dir / "config.yaml").read_text())
-        with gzip.open(target / "metrics.jsonl.gz", "wt") as f:
+        archive, opener = ("metrics.jsonl.xz", lzma.open) if i % 2 else ("metrics.jsonl.gz", gzip.open)
+        with opener(target / archive, "wt") as f:
             f.writelines(json.dumps(rows[step]) + "\n" for step in sorted(rows))
         again = compare_runs.load_run(target)
         assert set(again.curves) == set(run.curves)

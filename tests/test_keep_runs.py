@@ -2,6 +2,7 @@
 different run under the same name). That compare_runs reads kept real runs as the live ones:
 tests/test_compare_runs.py::test_real_runs_one_and_two_ranks."""
 import gzip
+import lzma
 import importlib.util
 import json
 import sys
@@ -42,20 +43,30 @@ def keep(*args) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def test_a_finished_run_is_kept_as_config_provenance_and_gzipped_metrics(tmp_path):
+def test_a_finished_run_is_kept_as_config_provenance_and_xz_metrics(tmp_path):
     run = make_run(tmp_path / "runs", "dense-s1")
     code, out, err = keep(run, "--into", tmp_path / "kept")
     assert code == 0 and err == "" and "dense-s1: kept" in out
     kept = tmp_path / "kept" / "dense-s1"
-    assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "metrics.jsonl.gz", "provenance.jsonl"]
+    assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "metrics.jsonl.xz", "provenance.jsonl"]
     assert (kept / "config.yaml").read_bytes() == (run / "config.yaml").read_bytes()
     assert (kept / "provenance.jsonl").read_bytes() == (run / "provenance.jsonl").read_bytes()
-    assert gzip.decompress((kept / "metrics.jsonl.gz").read_bytes()) == (run / "metrics.jsonl").read_bytes()
+    assert lzma.decompress((kept / "metrics.jsonl.xz").read_bytes()) == (run / "metrics.jsonl").read_bytes()
     # kept again (as when rerun while other runs finish): nothing changes, nothing fails
     before = {p.name: p.stat().st_mtime_ns for p in kept.iterdir()}
     code, out, _ = keep(run, "--into", tmp_path / "kept")
     assert code == 0 and "already kept" in out
     assert {p.name: p.stat().st_mtime_ns for p in kept.iterdir()} == before
+    # a copy kept before xz, its metrics gzipped, is the same run: left as it is
+    (kept / "metrics.jsonl.xz").unlink()
+    (kept / "metrics.jsonl.gz").write_bytes(gzip.compress((run / "metrics.jsonl").read_bytes()))
+    code, out, _ = keep(run, "--into", tmp_path / "kept")
+    assert code == 0 and "already kept" in out
+    assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "metrics.jsonl.gz", "provenance.jsonl"]
+    # ... unless its text differs
+    (kept / "metrics.jsonl.gz").write_bytes(gzip.compress((run / "metrics.jsonl").read_bytes()[:-10]))
+    code, _, err = keep(run, "--into", tmp_path / "kept")
+    assert code == 1 and "already holds a run with other files" in err
 
 
 def test_an_unfinished_run_is_skipped_and_the_others_kept(tmp_path):
@@ -66,18 +77,18 @@ def test_an_unfinished_run_is_skipped_and_the_others_kept(tmp_path):
     assert code == 0 and err == ""
     assert "dense-s2: not finished" in out
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["dense-s1", "dense-s3"]
-    assert sorted(p.name for p in (tmp_path / "kept" / "dense-s3").iterdir()) == ["config.yaml", "metrics.jsonl.gz"]
+    assert sorted(p.name for p in (tmp_path / "kept" / "dense-s3").iterdir()) == ["config.yaml", "metrics.jsonl.xz"]
 
 
 def test_a_different_run_under_the_same_name_is_not_overwritten(tmp_path):
     first = make_run(tmp_path / "a", "dense-s1")
     assert keep(first, "--into", tmp_path / "kept")[0] == 0
-    kept_metrics = (tmp_path / "kept" / "dense-s1" / "metrics.jsonl.gz").read_bytes()
+    kept_metrics = (tmp_path / "kept" / "dense-s1" / "metrics.jsonl.xz").read_bytes()
     other = make_run(tmp_path / "b", "dense-s1")
     (other / "config.yaml").write_text("name: dense-s1\nseed: 1\noptim:\n  lr: 0.01\n")
     code, out, err = keep(other, "--into", tmp_path / "kept")
     assert code == 1 and "already holds a run with other files" in err and str(other) in err
-    assert (tmp_path / "kept" / "dense-s1" / "metrics.jsonl.gz").read_bytes() == kept_metrics
+    assert (tmp_path / "kept" / "dense-s1" / "metrics.jsonl.xz").read_bytes() == kept_metrics
 
 
 def test_symbolic_links_are_refused_in_the_run_and_at_the_target(tmp_path):

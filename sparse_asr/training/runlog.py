@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import math
 import os
 import sys
@@ -28,22 +29,27 @@ def current_name(name: str) -> str:
     return OLD_NAMES.get(head, head) + slash + rest
 
 
+# A run kept in docs/results holds its metrics compressed (scripts/keep_runs.py): xz, or gzip before xz
+ARCHIVE_OPENERS = {".xz": lzma.open, ".gz": gzip.open}
+
+
 def metrics_path(run_dir: str | Path) -> Path | None:
-    """The run's metrics.jsonl, else metrics.jsonl.gz (a run archived with docs/results), else None."""
-    for name in ("metrics.jsonl", "metrics.jsonl.gz"):
+    """The run's metrics.jsonl, else metrics.jsonl.xz or .gz (a run kept in docs/results), else None."""
+    for name in ("metrics.jsonl", *(f"metrics.jsonl{suffix}" for suffix in ARCHIVE_OPENERS)):
         if (Path(run_dir) / name).is_file():
             return Path(run_dir) / name
     return None
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """A run's metrics.jsonl (or .gz) rows with kinds and tags under today's names (NaN or Infinity is an error)."""
+    """A run's metrics.jsonl (or .xz, .gz) rows with kinds and tags under today's names (NaN or Infinity is an
+    error)."""
     path = metrics_path(run_dir) or Path(run_dir) / "metrics.jsonl"
 
     def refuse(constant):
         raise ValueError(f"non-finite value {constant} in {path}")
 
-    with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+    with ARCHIVE_OPENERS.get(path.suffix, open)(path, "rt") as f:
         rows = [json.loads(line, parse_constant=refuse) for line in f if line.strip()]
     return [{current_name(k): current_name(v) if k == "kind" else v for k, v in row.items()} for row in rows]
 
