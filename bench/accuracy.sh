@@ -146,14 +146,14 @@ read -r epochs_used seed_used batch model sync_bn <<<"$settings"
 # finished RUN_DIR: its metrics.jsonl holds a test row at the configured epochs (run again with more epochs,
 # it resumes instead)
 finished() {
-    "$PYTHON" - "$1/metrics.jsonl" "$epochs_used" <<'EOF'
-import json
+    "$PYTHON" - "$1" "$epochs_used" <<'EOF'
 import sys
 
-path, epochs = sys.argv[1], int(sys.argv[2])
+from sparse_asr.training.runlog import read_metrics
+
+run_dir, epochs = sys.argv[1], int(sys.argv[2])
 try:
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_metrics(run_dir)
 except (OSError, ValueError):
     sys.exit(1)
 sys.exit(0 if any(row.get("kind") == "test" and row.get("epoch") == epochs for row in rows) else 1)
