@@ -43,3 +43,16 @@ def test_the_palette_png_is_the_same_picture_in_fewer_bytes(tmp_path):
     assert diff.mean() < 1.5 and np.mean(diff.max(axis=2) > 32) < 0.005, (diff.mean(), np.mean(diff.max(axis=2) > 32))
     assert path.stat().st_size < 0.7 * len(plain.getvalue()), (path.stat().st_size, len(plain.getvalue()))
     assert [p.name for p in tmp_path.iterdir()] == ["curves.png"]  # written atomically: no temporary file left
+
+
+def test_the_committed_pictures_are_palette_pngs():
+    """The checkout travels to a lent GPU machine beside the offline bundle under a size limit
+    (tests/test_offline_bundle.py): a picture committed as full-colour RGBA costs about 2.5x its palette form."""
+    import subprocess
+    from pathlib import Path
+    repo = Path(__file__).resolve().parent.parent
+    tracked = subprocess.run(["git", "ls-files", "*.png"], cwd=repo, capture_output=True, text=True, check=True)
+    pictures = tracked.stdout.split()
+    assert pictures
+    modes = {name: Image.open(repo / name).mode for name in pictures}
+    assert {name: mode for name, mode in modes.items() if mode != "P"} == {}

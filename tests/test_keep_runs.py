@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,22 +52,53 @@ def test_a_finished_run_is_kept_as_config_provenance_and_xz_metrics(tmp_path):
     assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "metrics.jsonl.xz", "provenance.jsonl"]
     assert (kept / "config.yaml").read_bytes() == (run / "config.yaml").read_bytes()
     assert (kept / "provenance.jsonl").read_bytes() == (run / "provenance.jsonl").read_bytes()
-    assert lzma.decompress((kept / "metrics.jsonl.xz").read_bytes()) == (run / "metrics.jsonl").read_bytes()
+    assert lzma.decompress((kept / "metrics.jsonl.xz").read_bytes()) == keep_runs.digest((run / "metrics.jsonl").read_bytes())
     # kept again (as when rerun while other runs finish): nothing changes, nothing fails
     before = {p.name: p.stat().st_mtime_ns for p in kept.iterdir()}
     code, out, _ = keep(run, "--into", tmp_path / "kept")
     assert code == 0 and "already kept" in out
     assert {p.name: p.stat().st_mtime_ns for p in kept.iterdir()} == before
-    # a copy kept before xz, its metrics gzipped, is the same run: left as it is
+    # a copy kept before xz, its metrics gzipped at full precision, is the same run: left as it is
     (kept / "metrics.jsonl.xz").unlink()
     (kept / "metrics.jsonl.gz").write_bytes(gzip.compress((run / "metrics.jsonl").read_bytes()))
     code, out, _ = keep(run, "--into", tmp_path / "kept")
     assert code == 0 and "already kept" in out
     assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "metrics.jsonl.gz", "provenance.jsonl"]
-    # ... unless its text differs
-    (kept / "metrics.jsonl.gz").write_bytes(gzip.compress((run / "metrics.jsonl").read_bytes()[:-10]))
-    code, _, err = keep(run, "--into", tmp_path / "kept")
-    assert code == 1 and "already holds a run with other files" in err
+    # ... unless what it holds differs: a value, or a truncated file
+    metrics = (run / "metrics.jsonl").read_bytes()
+    for other in (metrics.replace(b'"test/wer": 0.25', b'"test/wer": 0.26'), metrics[:-10]):
+        (kept / "metrics.jsonl.gz").write_bytes(gzip.compress(other))
+        code, _, err = keep(run, "--into", tmp_path / "kept")
+        assert code == 1 and "already holds a run with other files" in err
+
+
+def test_the_metrics_are_kept_as_the_event_files_hold_them():
+    """Every float as the float32 TensorBoard would store, in its shortest digits; the wall clock to the
+    millisecond; keys, their order, integers, strings and non-finite values as they were; a digest of a digest is
+    itself; and fewer bytes after xz, not more."""
+    rng = np.random.default_rng(0)
+    rows = [{"kind": "train", "step": step, "epoch": step // 53, "time": 1795909700.0029626 + step * 0.2718281828,
+             "train/loss": float(rng.lognormal(3, 1)), "time/communication": float(rng.random() * 1e-5),
+             "comm/cum_bytes_recv": float(step * 443391.0), "comm/dense": 0.0, "note": "x"} for step in range(1, 400)]
+    rows.append({"kind": "train", "step": 400, "time": 1.5, "train/loss": float("nan"), "train/grad_norm": float("inf")})
+    metrics = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    kept = keep_runs.digest(metrics)
+    assert keep_runs.digest(kept) == kept
+    back = [json.loads(line) for line in kept.decode().splitlines()]
+    assert len(back) == len(rows)
+    for row, again in zip(rows, back):
+        assert list(again) == list(row)  # same keys, same order
+        for key, value in row.items():
+            if key == "time":
+                assert abs(again[key] - value) <= 0.0005
+            elif isinstance(value, float) and np.isfinite(value):
+                assert np.float32(again[key]) == np.float32(value), (key, value, again[key])
+                assert len(repr(again[key])) <= 15
+            elif isinstance(value, float):
+                assert repr(again[key]) == repr(value)  # nan, inf
+            else:
+                assert again[key] == value and type(again[key]) is type(value)
+    assert len(lzma.compress(kept, preset=9)) < 0.8 * len(lzma.compress(metrics, preset=9))
 
 
 def test_an_unfinished_run_is_skipped_and_the_others_kept(tmp_path):
