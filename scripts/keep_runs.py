@@ -10,8 +10,8 @@ metrics are kept at the precision TensorBoard's event files hold (every float as
 shortest form; the wall clock to the millisecond): 40% fewer bytes after xz, tables change in the seventh digit
 (a last printed digit can flip where it sits on a rounding boundary). A run already kept with the same files (its
 metrics as .xz or, kept before, as .gz or at full precision) is left as it is; one kept with other files (say a run
-of the same name from another setting) is an error, never overwritten. Symbolic links are refused, in the runs read (another user's directory
-on a shared file system) and where the kept files would go.
+of the same name from another setting) is an error, never overwritten. Symbolic links are refused, in the runs
+read (another user's directory on a shared file system) and where the kept files would go.
 """
 from __future__ import annotations
 
