@@ -28,7 +28,7 @@ def test_first_step_past_each_threshold():
 
 def test_a_rerun_never_parts_and_only_common_steps_count():
     reference = rows([120.0, 90.0, 80.0])
-    other = {step: row for step, row in rows([120.0, 90.0, 80.0, 999.0]).items()}  # step 4: the reference has none
+    other = rows([120.0, 90.0, 80.0, 999.0])  # step 4: the reference has none
     assert parting(reference, other) == (0.0, [None] * len(THRESHOLDS))
     with pytest.raises(ValueError, match="no common step"):
         parting(reference, {9: rows([1.0])[1] | {"step": 9}})
