@@ -276,6 +276,23 @@ def test_lstman4_configs_are_the_paper_setup_plus_their_own_keys():
 
 
 @pytest.mark.unit
+def test_the_global_64_config_is_the_benchmark_plus_the_overrides_its_cell_ran_with():
+    """docs/results.md's global-64 cell ran an4_cpu.yaml with these overrides; the config must stay that run."""
+    cell = ["compression.density=0.02", "train.global_batch_size=64", "optim.lr=1.2e-2", "optim.lr_warmup_steps=65",
+            "optim.lr_hold_epochs=30", "optim.max_grad_norm=50", "train.epochs=60"]
+    g64 = load_config(REPO / "configs" / "an4_cpu_g64.yaml")
+    assert g64 == load_config(REPO / "configs" / "an4_cpu.yaml", cell)
+    assert g64 != load_config(REPO / "configs" / "an4_cpu.yaml", cell[:-1])  # the comparison sees a changed key
+    # and the cell's kept runs differ from it only in what names a run and picks its algorithm
+    identity = {"name", "out_dir", "seed", "distributed.world_size", "train.resume", "compression.algorithm"}
+    kept = sorted((REPO / "docs" / "results" / "cell_g64c_cpu" / "runs").glob("*/config.yaml"))
+    assert len(kept) >= 3
+    for run_config in kept:
+        others = {k for k in differing_keys(load_config(run_config), g64) if not k.startswith("compression.options")}
+        assert others <= identity, (run_config, others - identity)
+
+
+@pytest.mark.unit
 def test_an_empty_override_is_the_empty_string():
     """`data.test_manifest=` means no test set, like data.test_manifest=''."""
     assert load_config(None, ["data.test_manifest="]).data.test_manifest == ""
