@@ -22,7 +22,7 @@ Writes, under --out:
       accuracy.sh --seeds) with --target-run <label>: each run's target is that of the <label> run at its seed.
   paired.csv, paired.md (with --paired-against LABEL, e.g. dense)
       every other label against LABEL at the seeds both ran, for test WER, best dev WER, the last
-      epoch's loss (epoch/loss) and the step at which dev WER first fell below 0.8 (leaving CTC's blank
+      epoch's training loss (epoch/loss), the test loss (how well the model fits held-out data) and the step at which dev WER first fell below 0.8 (leaving CTC's blank
       plateau; a run that never did is named in `unpaired`): the difference per seed, absolute and
       relative to LABEL's value, the
       means with 95% Student-t intervals (n-1 degrees of freedom; none for one seed), and a verdict from
@@ -246,11 +246,13 @@ def plateau_exit_step(curve: Curve) -> float:
     return float(curve.steps[below[0]]) if below.size else math.inf
 
 
-# (column, what paired.md calls it, the tag, the value of a run's curve of that tag): lower is better for all four
+# (column, what paired.md calls it, the tag, the value of a run's curve of that tag): lower is better for all.
+# The test loss beside the training loss tells a worse fit of the training data from a worse model.
 PAIRED_METRICS = [
     ("test_wer", "test WER", "test/wer", lambda curve: curve.last()),
     ("best_dev_wer", "best dev WER", "dev/wer", lambda curve: float(np.min(curve.values))),
     ("last_epoch_loss", "last-epoch loss", "epoch/loss", lambda curve: curve.last()),
+    ("test_loss", "test loss", "test/loss", lambda curve: curve.last()),
     ("plateau_exit_step", f"step of the first dev WER < {PLATEAU_EXIT_WER:g}", "dev/wer", plateau_exit_step),
 ]
 
@@ -376,7 +378,7 @@ def paired_markdown(rows: list[dict], seeds: list[int], baseline: str) -> str:
     m = f"{MARGIN_PCT:g}%"
     lines = [
         f"Paired by seed against {baseline}: for each seed both ran, difference = run - {baseline} and relative = "
-        f"100 x difference / {baseline}'s value (lower is better for all three metrics); the mean of the n paired "
+        f"100 x difference / {baseline}'s value (lower is better for every metric); the mean of the n paired "
         f"differences with its 95% Student-t interval (n-1 degrees of freedom; n/a for one seed). Verdict, from "
         f"the interval of the relative difference: worse / better = it excludes 0 (\"by > {m}\": it also excludes "
         f"the {m} on that side; \"by < {m}\": it stays within {m}); not resolved = it holds both -{m} and +{m}; "

@@ -345,13 +345,14 @@ def test_verdict_of_one_seed():
 
 def seeded_run(root: Path, name: str, seed: int, test_wer, dev_wers, last_loss, algorithm=None, loss_scale=1.0,
                P=4):
-    """A run of bench/accuracy.sh --seeds: events with test/wer, val/wer at steps 10, 20 and epoch/loss at
-    steps 10 (20.0) and 20 (`last_loss`), train/loss loss_scale x (30 - step) at steps 1-20; config.yaml with
-    its seed and P."""
+    """A run of bench/accuracy.sh --seeds: events with test/wer and test/loss (16 x test WER), val/wer at steps 10,
+    20 and epoch/loss at steps 10 (20.0) and 20 (`last_loss`), train/loss loss_scale x (30 - step) at steps 1-20;
+    config.yaml with its seed and P."""
     scalars = {"train/loss": [(s, loss_scale * (30.0 - s)) for s in range(1, 21)], "dev/wer": list(zip((10, 20), dev_wers)),
                "epoch/loss": [(10, 20.0), (20, last_loss)]}
     if test_wer is not None:
         scalars["test/wer"] = [(20, test_wer)]
+        scalars["test/loss"] = [(20, 16 * test_wer)]
     cfg = config(algorithm or name.split("-")[0], 0.02, P)
     cfg["seed"] = seed
     write_run(root / name, cfg, scalars)
@@ -411,7 +412,7 @@ def test_paired_comparison_by_hand(seeded_runs, tmp_path):
     table = pd.read_csv(out / "paired.csv").replace({np.nan: None})
     rows = {(r["run"], r["metric"]): r for r in table.to_dict("records")}
     assert list(rows) == [(run, metric) for run in ("oktopk", "topka")
-                          for metric in ("test_wer", "best_dev_wer", "last_epoch_loss", "plateau_exit_step")]
+                          for metric in ("test_wer", "best_dev_wer", "last_epoch_loss", "test_loss", "plateau_exit_step")]
 
     # oktopk test WER: differences 0.0625, 0, 0.0625 (mean 0.0416667, sd 0.0360844, se 0.0208333, half-width
     # 4.302653 x 0.0208333 = 0.0896386); relative 12.5%, 0%, 10% (mean 7.5%, sd 6.614378, se 3.818813,
@@ -442,6 +443,12 @@ def test_paired_comparison_by_hand(seeded_runs, tmp_path):
     assert (loss["mean_rel_pct"], loss["rel_low_pct"], loss["rel_high_pct"]) == (
         pytest.approx(2.5), pytest.approx(-13.634948, abs=1e-6), pytest.approx(18.634948, abs=1e-6))
     assert loss["verdict"] == "not resolved"
+
+    # oktopk test loss (16 x test WER, read from test/loss, not test/wer): differences 1, 0, 1
+    test_loss = rows["oktopk", "test_loss"]
+    assert [test_loss[f"diff_s{s}"] for s in (1, 2, 3)] == [1.0, 0.0, 1.0]
+    assert [test_loss[f"value_s{s}"] for s in (1, 2, 3)] == [9.0, 4.0, 11.0]
+    assert test_loss["mean_rel_pct"] == pytest.approx(7.5)
 
     # the step of the first dev WER < 0.8: 20 vs 10 at seed 1 (+100%), 10 vs 10 at seeds 2 and 3
     plateau = rows["oktopk", "plateau_exit_step"]
