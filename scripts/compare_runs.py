@@ -22,9 +22,9 @@ Writes, under --out:
       accuracy.sh --seeds) with --target-run <label>: each run's target is that of the <label> run at its seed.
   paired.csv, paired.md (with --paired-against LABEL, e.g. dense)
       every other label against LABEL at the seeds both ran, for test WER, best dev WER, the last
-      epoch's training loss (epoch/loss), the test loss (how well the model fits held-out data) and the step at which dev WER first fell below 0.8 (leaving CTC's blank
-      plateau; a run that never did is named in `unpaired`): the difference per seed, absolute and
-      relative to LABEL's value, the
+      epoch's training loss (epoch/loss), the test loss (how well the model fits held-out data) and
+      the step at which dev WER first fell below 0.8 (leaving CTC's blank plateau; a run that never
+      did is named in `unpaired`): the difference per seed, absolute and relative to LABEL's value, the
       means with 95% Student-t intervals (n-1 degrees of freedom; none for one seed), and a verdict from
       the relative interval ("not resolved" when it holds both -5% and +5%; the rule: sparse_asr/stats.py).
       A seed that only one side ran, or a value one side never logged, is named in `unpaired`. Runs pair
