@@ -238,6 +238,8 @@ def markdown_table(frame: pd.DataFrame) -> str:
 # CTC's blank plateau: dev WER stays ~1 (mostly blanks) for a long and variable stretch, and when a run leaves
 # it decides much of where a short CPU run ends (docs/results.md): the step of the first dev WER below this.
 PLATEAU_EXIT_WER = 0.8
+# dev evaluations averaged by the "mean dev WER of the last N" paired metric (one evaluation an epoch)
+LAST_DEV_EVALS = 5
 
 
 def plateau_exit_step(curve: Curve) -> float:
@@ -251,6 +253,9 @@ def plateau_exit_step(curve: Curve) -> float:
 PAIRED_METRICS = [
     ("test_wer", "test WER", "test/wer", lambda curve: curve.last()),
     ("best_dev_wer", "best dev WER", "dev/wer", lambda curve: float(np.min(curve.values))),
+    # the dev set has 267 words: the mean over the last epochs is a steadier read-out of where a run ended
+    ("last5_dev_wer", f"mean dev WER of the last {LAST_DEV_EVALS}", "dev/wer",
+     lambda curve: float(np.mean(curve.values[-LAST_DEV_EVALS:]))),
     ("last_epoch_loss", "last-epoch loss", "epoch/loss", lambda curve: curve.last()),
     ("test_loss", "test loss", "test/loss", lambda curve: curve.last()),
     ("plateau_exit_step", f"step of the first dev WER < {PLATEAU_EXIT_WER:g}", "dev/wer", plateau_exit_step),

@@ -105,7 +105,8 @@ def test_tiny_benchmark_over_seeds_pairs_every_algorithm_with_dense(an4_manifest
         assert results.loc[f"topka-s{seed}", "target_dev_wer"] == pytest.approx(dense_best * 1.05)
     paired = pd.read_csv(out / "paired.csv").replace({np.nan: None})
     assert list(zip(paired["run"], paired["metric"])) == [
-        ("topka", metric) for metric in ("test_wer", "best_dev_wer", "last_epoch_loss", "test_loss", "plateau_exit_step")]
+        ("topka", metric) for metric in ("test_wer", "best_dev_wer", "last5_dev_wer", "last_epoch_loss", "test_loss",
+                                          "plateau_exit_step")]
     by_metric = paired.set_index("metric")
     test = by_metric.loc["test_wer"]
     assert (test["n"], test["unpaired"]) == (2, None)

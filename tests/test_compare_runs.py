@@ -412,7 +412,8 @@ def test_paired_comparison_by_hand(seeded_runs, tmp_path):
     table = pd.read_csv(out / "paired.csv").replace({np.nan: None})
     rows = {(r["run"], r["metric"]): r for r in table.to_dict("records")}
     assert list(rows) == [(run, metric) for run in ("oktopk", "topka")
-                          for metric in ("test_wer", "best_dev_wer", "last_epoch_loss", "test_loss", "plateau_exit_step")]
+                          for metric in ("test_wer", "best_dev_wer", "last5_dev_wer", "last_epoch_loss", "test_loss",
+                                         "plateau_exit_step")]
 
     # oktopk test WER: differences 0.0625, 0, 0.0625 (mean 0.0416667, sd 0.0360844, se 0.0208333, half-width
     # 4.302653 x 0.0208333 = 0.0896386); relative 12.5%, 0%, 10% (mean 7.5%, sd 6.614378, se 3.818813,
@@ -474,6 +475,29 @@ def test_paired_comparison_by_hand(seeded_runs, tmp_path):
     assert ("| topka | test WER | 1 | s1 +0 (+0.0%) | 0.5 / 0.5 | +0 | +0.0% | n/a (one seed) | "
             "s2: topka-s2 logged no test/wer; s3: no topka run; s4: no dense run |") in markdown
     assert "nan" not in markdown.lower() and "nan" not in (out / "paired.csv").read_text().lower()
+
+
+@pytest.mark.unit
+def test_the_last_dev_evaluations_metric_averages_exactly_the_last_five(tmp_path):
+    """dense's dev WER ends at 0.5 five times; oktopk's best (0.25) comes early and its last five are 0.75 then
+    four 0.625: mean 0.65, +30% (the mean of all seven, of the last four or six, or the best would differ)."""
+    root = tmp_path / "runs"
+    curves = {"dense": (1.0, 0.875, 0.5, 0.5, 0.5, 0.5, 0.5), "oktopk": (0.875, 0.25, 0.75, 0.625, 0.625, 0.625, 0.625)}
+    for algorithm, dev in curves.items():
+        for seed in (1, 2):
+            cfg = config(algorithm, 0.02, 4)
+            cfg["seed"] = seed
+            write_run(root / f"{algorithm}-s{seed}", cfg, {"dev/wer": [(10 * (i + 1), w) for i, w in enumerate(dev)]})
+    out = tmp_path / "compare"
+    proc = compare(*sorted(root.iterdir()), "--out", out, "--paired-against", "dense")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["metric"]: r for r in pd.read_csv(out / "paired.csv").to_dict("records")}
+    last = rows["last5_dev_wer"]
+    assert [last[f"value_s{s}"] for s in (1, 2)] == [pytest.approx(0.65)] * 2
+    assert [last[f"baseline_s{s}"] for s in (1, 2)] == [0.5, 0.5]
+    assert last["mean_rel_pct"] == pytest.approx(30.0)
+    assert rows["best_dev_wer"]["mean_rel_pct"] == pytest.approx(-50.0)
+    assert "| oktopk | mean dev WER of the last 5 | 2 |" in (out / "paired.md").read_text()
 
 
 @pytest.mark.unit

@@ -1,4 +1,5 @@
 """Config loading: every key validated, errors name the dotted key and where it came from."""
+import json
 import re
 from pathlib import Path
 
@@ -290,6 +291,31 @@ def test_the_global_64_config_is_the_benchmark_plus_the_overrides_its_cell_ran_w
     for run_config in kept:
         others = {k for k in differing_keys(load_config(run_config), g64) if not k.startswith("compression.options")}
         assert others <= identity, (run_config, others - identity)
+
+
+@pytest.mark.unit
+def test_the_verdict_config_spells_out_every_key_and_is_the_kept_p4_cell():
+    """The P = 4 x 4 verdict (docs/results/verdict_p4x4/plan.md) pairs new seeds with the cell's five kept ones: its
+    config must be what they ran, and must name every key, so that a new or changed default cannot reach it."""
+    from sparse_asr.training.config import flatten, to_dict
+
+    path = REPO / "configs" / "verdict_p4x4.yaml"
+    verdict = load_config(path)
+    written = flatten(yaml.safe_load(path.read_text()))
+    assert set(written) == set(flatten(to_dict(verdict))), "a config key is left to its default"
+    identity = {"name", "out_dir", "seed", "train.resume", "compression.algorithm", "compression.memory",
+                "distributed.timeout_s"}
+    kept = sorted((REPO / "docs" / "results" / "cell_p4_cpu" / "runs").glob("*/config.yaml"))
+    kept += sorted((REPO / "docs" / "results" / "verdict_p4x4" / "runs").glob("*/config.yaml"))
+    assert len(kept) >= 15
+    cpus_of_seed = {}
+    for run_config in kept:
+        others = {k for k in differing_keys(load_config(run_config), verdict) if not k.startswith("compression.options")}
+        assert others <= identity, (run_config, others - identity)
+        # a pair differs only in its exchange: every start of every arm of a seed on one CPU type
+        starts = [json.loads(line) for line in (run_config.parent / "provenance.jsonl").read_text().splitlines()]
+        cpus_of_seed.setdefault(load_config(run_config).seed, set()).update(start["cpu"] for start in starts)
+    assert {seed: cpus for seed, cpus in cpus_of_seed.items() if len(cpus) > 1} == {}
 
 
 @pytest.mark.unit
