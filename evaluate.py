@@ -2,6 +2,7 @@
 
     python evaluate.py runs/NAME/checkpoints/best --manifest manifests/an4_test.csv [--worst 10]
     python evaluate.py runs/NAME/checkpoints/best --audio a.wav b.sph
+    python evaluate.py runs/NAME --manifest manifests/an4_test.csv --emissions runs/NAME/emissions_test.npz
     mpiexec -n 4 python evaluate.py CHECKPOINT --manifest M.csv      (the set is sharded over ranks)
 
 Prints WER, CER and the mean per-utterance WER, then the N worst utterances (reference vs hypothesis).
@@ -22,9 +23,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     what.add_argument("--manifest", help="score every utterance of this manifest")
     what.add_argument("--audio", nargs="+", help="transcribe these audio files (16 kHz mono WAV or SPHERE)")
     parser.add_argument("--worst", type=at_least(0), default=10, help="how many worst utterances to print (default 10)")
+    parser.add_argument("--emissions", help="with --manifest: also write every utterance's log-probabilities to this "
+                        ".npz (sparse_asr/training/emissions.py), for decoding later without the checkpoint")
     parser.add_argument("--batch-size", type=at_least(1), default=32, help="global evaluation batch size")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.emissions and not args.manifest:
+        parser.error("--emissions needs --manifest")
+    return args
 
 
 def at_least(low: int):
@@ -59,7 +65,13 @@ def score_manifest(args, comm, model, device) -> dict:
     frame = read_manifest(args.manifest)
     check_manifest_audio(comm, [frame])  # every unusable audio file named by manifest line, before scoring
     dataset = SpeechDataset(frame)
-    result = evaluate(model, dataset, comm, device, args.batch_size, keep_rows=args.worst > 0)
+    result = evaluate(model, dataset, comm, device, args.batch_size, keep_rows=args.worst > 0,
+                      keep_emissions=bool(args.emissions))
+    if args.emissions and comm.rank == 0:
+        from sparse_asr.training.emissions import save_emissions
+
+        save_emissions(args.emissions, [u for u, _ in result.emissions], [lp for _, lp in result.emissions])
+        print(f"{args.emissions}: log-probabilities of {len(result.emissions)} utterances")
     if comm.rank == 0:
         print(f"{args.manifest}: {result.utterances} utterances")
         for key in ("wer", "cer", "wer_utt_mean", "loss"):

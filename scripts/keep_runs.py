@@ -1,4 +1,5 @@
-"""Keep finished training runs small enough to commit: config.yaml, provenance.jsonl and metrics.jsonl as xz.
+"""Keep finished training runs small enough to commit: config.yaml, provenance.jsonl and metrics.jsonl as xz, and
+the model's log-probabilities on a set where the run directory holds them (emissions_*.npz, evaluate.py --emissions).
 
     .venv/bin/python scripts/keep_runs.py bench/results/cell/runs/* --into docs/results/cell/runs
 
@@ -71,6 +72,8 @@ def kept_files(run_dir: Path) -> dict[str, bytes] | None:
              "metrics.jsonl.xz": lzma.compress(digest(metrics), preset=9 | lzma.PRESET_EXTREME)}
     if os.path.lexists(run_dir / "provenance.jsonl"):
         files["provenance.jsonl"] = read_no_follow(run_dir / "provenance.jsonl")
+    for path in sorted(run_dir.glob("emissions_*.npz")):  # evaluate.py --emissions: decodable later
+        files[path.name] = read_no_follow(path)
     return files
 
 

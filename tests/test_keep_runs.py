@@ -72,6 +72,23 @@ def test_a_finished_run_is_kept_as_config_provenance_and_xz_metrics(tmp_path):
         assert code == 1 and "already holds a run with other files" in err
 
 
+def test_emissions_are_kept_beside_the_run_and_a_linked_one_is_refused(tmp_path):
+    from sparse_asr.training.emissions import load_emissions, save_emissions
+    import torch
+
+    run = make_run(tmp_path / "runs", "dense-s1")
+    save_emissions(run / "emissions_test.npz", ["u1"], [torch.log_softmax(torch.arange(29.0)[None], dim=1)])
+    code, out, err = keep(run, "--into", tmp_path / "kept")
+    assert code == 0 and err == "", err
+    kept = tmp_path / "kept" / "dense-s1"
+    assert "emissions_test.npz" in {p.name for p in kept.iterdir()}
+    assert load_emissions(kept / "emissions_test.npz")[0] == ["u1"]
+    other = make_run(tmp_path / "runs", "dense-s2")
+    (other / "emissions_dev.npz").symlink_to(run / "emissions_test.npz")
+    code, _, err = keep(other, "--into", tmp_path / "kept")
+    assert code == 1 and "emissions_dev.npz is a symbolic link" in err
+
+
 def test_the_metrics_are_kept_as_the_event_files_hold_them():
     """Every float as the float32 TensorBoard would store, in its shortest digits; the wall clock to the
     millisecond; keys, their order, integers, strings and non-finite values as they were; a digest of a digest is
