@@ -50,6 +50,13 @@ def test_dgc_memory_and_its_density_warmup_resume_exactly_on_three_ranks(an4_man
     assert "topka dgc: P=3 resume after a mid-epoch crash == uninterrupted over 8 steps" in out, out
 
 
+def test_ef21_memory_resumes_exactly_on_two_ranks(an4_manifests, tmp_path):
+    """Ok-Topk with EF21-SGDM's memory on 2 ranks: a mid-epoch crash resumes to the uninterrupted run's momentum,
+    rank and global estimates, parameters and losses."""
+    out = check_mpi(2, ["-m", "tests.mpi.train_resume", str(an4_manifests), str(tmp_path), "oktopk", "ef21"])
+    assert "oktopk ef21: P=2 resume after a mid-epoch crash == uninterrupted over 8 steps" in out, out
+
+
 def test_max_minutes_is_decided_by_rank_0_for_every_rank(an4_manifests, tmp_path):
     out = check_mpi(2, ["-m", "tests.mpi.train_timed", str(an4_manifests), str(tmp_path)], timeout=180)
     assert "P=2: every rank stopped where rank 0's clock said (3 epochs, then 1)" in out, out

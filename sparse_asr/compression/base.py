@@ -248,6 +248,7 @@ class SparseCompressor(Compressor):
             flat_grad.zero_()
             flat_grad[update.indices.long()] = update.values.to(flat_grad.dtype) / self.comm.size
             self.memory.applied_entries(update.applied)
+            self.memory.global_update(flat_grad)
         return self.stats(moved, update.selected_local, int(update.indices.numel()), update.seconds_select,
                           extra=update.extra)
 

@@ -11,6 +11,14 @@ sparse compressor that is swappable (`compression.memory`, in the manner of GRAC
   applied entry leaves v and, with momentum factor masking, u too (so a sent entry's stale momentum does not
   keep pushing it). The optimizer then steps WITHOUT momentum (optim.SGDStep). At density 1 without masking
   the update is exactly dense momentum SGD's; masking at density 1 clears every velocity each step (plain SGD).
+- `EF21Momentum` ("ef21", EF21-SGDM: Fatkhullin, Tyurin and Richtarik, "Momentum Provably Improves Error
+  Feedback!", NeurIPS 2023): each rank keeps the momentum of its own gradient (v) and its estimate of it (h), and
+  sends the compressed difference v - h; every rank holds the same global estimate, the mean of the ranks' h, and
+  the model steps along that estimate, not along the sparse update. What a rank has not sent stays in its
+  difference, never in a residual that grows. The optimizer steps without momentum, as with dgc.
+
+After the exchange the base class hands the averaged update to `memory.global_update(update)`, which may replace
+it with what the model should step along (EF21's estimate); the others leave it as it is.
 
 A memory's state is its own, saved under one key of the compressor's state (`memory`).
 """
@@ -41,6 +49,9 @@ class ErrorFeedback:
     def applied_update(self, update: torch.Tensor) -> None:
         """`update` (dense, e.g. a low-rank approximation of acc) was applied: the rest stays owed."""
         self.residual -= update
+
+    def global_update(self, update: torch.Tensor) -> None:
+        """The averaged update is what the model steps along: nothing to change."""
 
     @property
     def owed(self) -> torch.Tensor:
@@ -87,6 +98,14 @@ class MomentumCorrection:
     def applied_update(self, update: torch.Tensor) -> None:
         raise ValueError("dgc memory: only a selection (a sparse compressor) can say which entries were sent")
 
+    def global_update(self, update: torch.Tensor) -> None:
+        """The averaged velocity is the step: nothing to change."""
+
+    def start_from(self, buffer: torch.Tensor) -> None:
+        """The state after momentum SGD with this momentum buffer (DGC at density 1 without masking is momentum
+        SGD): Nesterov's form holds momentum x buffer. Benches that start a memory mid-trajectory call it."""
+        self.u.copy_(buffer * self.momentum if self.nesterov else buffer)
+
     @property
     def owed(self) -> torch.Tensor:
         return self.v
@@ -99,7 +118,85 @@ class MomentumCorrection:
         copy_checked(self.v, state["velocity"], "velocity")
 
 
-MEMORIES = {ErrorFeedback.name: ErrorFeedback, MomentumCorrection.name: MomentumCorrection}
+class EF21Momentum:
+    """EF21-SGDM (see the module docstring). Per rank: u, the momentum of its gradient in the optimizer's form
+    (heavy ball u <- m u + g, step v = u; Nesterov u <- m (u + g), v = u + g: the same buffers as dgc's, so at
+    density 1 the step is exactly dense momentum SGD's), and h, its estimate of v; the exchange selects from
+    d = v - h, and h takes exactly the applied entries of d. On every rank alike: the global estimate e <- e + the
+    averaged update, which is the mean of the ranks' h whenever each rank's applied values are exactly its d there.
+    The paper's momentum v <- (1 - eta) v + eta g is this heavy-ball buffer times eta at lr / eta."""
+
+    name = "ef21"
+    carries_momentum = True
+
+    def __init__(self, numel: int, device: torch.device, momentum: float, nesterov: bool = False):
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"ef21 memory: momentum must be in [0, 1), got {momentum}")
+        self.momentum, self.nesterov = momentum, nesterov
+        self.u = torch.zeros(numel, dtype=torch.float32, device=device)  # momentum of this rank's gradient
+        self.h = torch.zeros(numel, dtype=torch.float32, device=device)  # this rank's estimate of its v
+        self.estimate = torch.zeros(numel, dtype=torch.float32, device=device)  # the ranks' mean h, on every rank
+        self.difference = torch.zeros(numel, dtype=torch.float32, device=device)  # v - h: selected from, then owed
+
+    def accumulate(self, grad: torch.Tensor) -> torch.Tensor:
+        """u advanced by `grad`; returns d = v - h (selected from, in place)."""
+        if self.nesterov:
+            self.u.add_(grad).mul_(self.momentum)
+            torch.add(self.u, grad, out=self.difference)
+        else:
+            self.u.mul_(self.momentum).add_(grad)
+            self.difference.copy_(self.u)
+        return self.difference.sub_(self.h)
+
+    def applied_entries(self, indices: torch.Tensor) -> None:
+        indices = indices.long()
+        self.h[indices] += self.difference[indices]
+        self.difference[indices] = 0.0
+
+    def applied_update(self, update: torch.Tensor) -> None:
+        raise ValueError("ef21 memory: only a selection (a sparse compressor) can say which entries were sent")
+
+    def global_update(self, update: torch.Tensor) -> None:
+        """The averaged applied differences move the global estimate; the model steps along the estimate."""
+        self.estimate += update
+        update.copy_(self.estimate)
+
+    def start_from(self, buffer: torch.Tensor) -> None:
+        """As if it had run at density 1 with momentum SGD's buffer until now: u as dgc's; h and the estimate
+        start empty (they fill from the next exchange on)."""
+        self.u.copy_(buffer * self.momentum if self.nesterov else buffer)
+
+    @property
+    def owed(self) -> torch.Tensor:
+        """v - h after the exchange: what this rank's estimate still lacks."""
+        return self.difference
+
+    def state_dict(self) -> dict:
+        return {"momentum": self.u.detach().cpu().clone(), "estimate_rank": self.h.detach().cpu().clone(),
+                "estimate_global": self.estimate.detach().cpu().clone(),
+                "difference": self.difference.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        copy_checked(self.u, state["momentum"], "momentum")
+        copy_checked(self.h, state["estimate_rank"], "rank estimate")
+        copy_checked(self.estimate, state["estimate_global"], "global estimate")
+        copy_checked(self.difference, state["difference"], "difference")
+
+
+MEMORIES = {cls.name: cls for cls in (ErrorFeedback, MomentumCorrection, EF21Momentum)}
+
+
+def build_memory(name: str, numel: int, device, optim_cfg, masking: bool = True):
+    """The memory called `name` for `numel` entries; the momentum memories take the optimizer's momentum and
+    Nesterov setting (they carry it instead of the optimizer), dgc also its masking."""
+    device = torch.device(device)
+    if name == ErrorFeedback.name:
+        return ErrorFeedback(numel, device)
+    if name == MomentumCorrection.name:
+        return MomentumCorrection(numel, device, optim_cfg.momentum, optim_cfg.nesterov, masking)
+    if name == EF21Momentum.name:
+        return EF21Momentum(numel, device, optim_cfg.momentum, optim_cfg.nesterov)
+    raise ValueError(f"unknown compression.memory {name!r}; known: {', '.join(MEMORIES)}")
 
 
 def copy_checked(mine: torch.Tensor, saved: torch.Tensor, what: str) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from sparse_asr.compression.memory import MEMORIES
 from sparse_asr.settings import ConfigError, build, fields, natural, positive, setting, tie
 
 
@@ -128,11 +129,12 @@ class CompressionConfig:
     # matrices and kernels (its k is still density x all entries).
     dense_1d: bool = setting(False)
     options: dict = setting(factory=dict)  # keyword arguments of the compressor's constructor
-    # The exchange's memory (compression/memory.py): "residual" (error feedback) or "dgc" (Deep Gradient
-    # Compression's momentum correction: optim.momentum and nesterov move into the exchange and the optimizer
-    # steps without momentum; each rank's gradient is clipped at optim.max_grad_norm x sqrt(P) and gets
-    # optim.weight_decay before the exchange, training/optim.py). dgc needs a selection, no dense steps.
-    memory: str = setting("residual", lambda v: v in ("residual", "dgc"), "must be residual or dgc")
+    # The exchange's memory (compression/memory.py MEMORIES): "residual" (error feedback), "dgc" (Deep Gradient
+    # Compression's momentum correction) or "ef21" (EF21-SGDM: a global gradient estimate). dgc and ef21 carry the
+    # momentum: optim.momentum and nesterov move into the exchange and the optimizer steps without momentum; each
+    # rank's gradient is clipped at optim.max_grad_norm x sqrt(P) and gets optim.weight_decay before the exchange
+    # (training/optim.py). They need a selection, no dense steps.
+    memory: str = setting("residual", lambda v: v in MEMORIES, f"must be one of {', '.join(MEMORIES)}")
     # dgc: a sent entry's momentum is cleared with its velocity (DGC's momentum factor masking)
     momentum_masking: bool = setting(True)
     # DGC's warm-up: the density falls exponentially over the first N epochs to `density` (density_warmup.py)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from sparse_asr.compression import Compressor, MomentumCorrection, build_compressor, warmup_steps
+from sparse_asr.compression import Compressor, ErrorFeedback, build_compressor, warmup_steps
+from sparse_asr.compression.memory import build_memory
 from sparse_asr.data.audio import SpecAugment
 from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, TrainingData, feature_bytes
 from sparse_asr.data.manifest import read_manifest
@@ -179,10 +180,9 @@ def make_compressor(cfg: Config, comm, model: torch.nn.Module, device, warmup: i
     c = cfg.compression
     shapes = [p.shape for p in model.parameters() if p.requires_grad]
     numel = sum(s.numel() for s in shapes)
-    memory = None  # error feedback, the compressor's default
-    if c.memory == MomentumCorrection.name:
-        memory = MomentumCorrection(numel, torch.device(device), cfg.optim.momentum, cfg.optim.nesterov,
-                                    masking=c.momentum_masking)
+    memory = None  # error feedback, the compressor's default (and the only memory dense or PowerSGD take)
+    if c.memory != ErrorFeedback.name:
+        memory = build_memory(c.memory, numel, device, cfg.optim, masking=c.momentum_masking)
     return build_compressor(c.algorithm, comm, numel, c.density, device, shapes=shapes, warmup=warmup,
                             dense_1d=c.dense_1d, memory=memory, density_warmup_epochs=c.density_warmup_epochs,
                             **c.options)

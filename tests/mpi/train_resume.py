@@ -4,8 +4,9 @@ BatchNorm statistics) taken from its own shard of the checkpoint.
 
     mpiexec -n P python -m tests.mpi.train_resume MANIFEST_DIR OUT_DIR ALGORITHM [MEMORY]
 
-MEMORY dgc: DGC's memory (momentum and velocity per rank) behind its density warm-up over the first epoch
-instead of dense warm-up steps; the crash then falls in the second epoch's schedule.
+MEMORY dgc or ef21: DGC's memory (momentum and velocity per rank) or EF21-SGDM's (momentum, rank estimate, global
+estimate) behind a density warm-up over the first epoch instead of dense warm-up steps; the crash then falls in the
+second epoch's schedule.
 
 'full' trains 2 epochs (4 steps each) with a checkpoint every 3 steps; 'crashed' is the same run, but
 every rank raises after step 7, one step after the mid-epoch checkpoint of step 6 (whose BatchNorm
@@ -56,8 +57,8 @@ def main(comm, manifests, out_dir, algorithm, memory="residual"):
                     train__epochs=2, train__global_batch_size=4 * comm.size, optim__lr=1e-3,
                     data__max_train_utterances=16 * comm.size, train__eval_every_epochs=1,
                     train__checkpoint_every_steps=3)
-    if memory == "dgc":
-        settings.update(compression__memory="dgc", compression__warmup_steps=0, compression__density_warmup_epochs=1)
+    if memory != "residual":  # a memory that carries the momentum: no dense steps
+        settings.update(compression__memory=memory, compression__warmup_steps=0, compression__density_warmup_epochs=1)
     full = run_training(tiny_overrides(manifests, out, "full", **settings), comm)
 
     original = Trainer.train_step
@@ -79,7 +80,8 @@ def main(comm, manifests, out_dir, algorithm, memory="residual"):
 
     a, b = load_training_state(comm, out / "full"), load_training_state(comm, crashed)
     owed = a.mine.compressor.get("inner", a.mine.compressor)["memory"]  # (inside the dense warm-up's state)
-    assert owed["residual" if memory == "residual" else "velocity"].abs().sum() > 0, "nothing owed after sparse steps"
+    owed_key = {"residual": "residual", "dgc": "velocity", "ef21": "difference"}[memory]
+    assert owed[owed_key].abs().sum() > 0, "nothing owed after sparse steps"
     assert_same(a.mine.compressor, b.mine.compressor, f"rank {comm.rank} compressor")
     assert_same(a.mine.buffers, b.mine.buffers, f"rank {comm.rank} BatchNorm statistics")
     assert_same(a.mine.meter, b.mine.meter, "the meter's counters")
@@ -94,7 +96,7 @@ def main(comm, manifests, out_dir, algorithm, memory="residual"):
             assert abs(la[step] - lb[step]) <= 1e-6 * abs(la[step]), (step, la[step], lb[step])
         assert_one_row_per_kind_and_step(crashed)
         assert len(read_metrics(crashed)) == len(read_metrics(out / "full"))
-        if memory == "dgc":  # target 0.05^(1/2) in epoch 0, then 0.05 (TopkA's union holds up to P times k)
+        if memory != "residual":  # target 0.05^(1/2) in epoch 0, then 0.05 (TopkA's union holds up to P times k)
             density = {r["epoch"]: r["comm/density"] for r in read_metrics(crashed) if r["kind"] == "train"}
             assert density[0] > 2.5 * density[1] and density[1] <= 0.05 * comm.size, density
         print(f"{algorithm} {memory}: P={comm.size} resume after a mid-epoch crash == uninterrupted over {len(la)} steps "
