@@ -1,4 +1,4 @@
-"""Selection quality over several trajectories, with intervals (issue 28, item 1): what
+"""Selection quality over several trajectories, with intervals: what
 `bench/selection_quality.py --seeds S ... [--per-rank U ...]` reports.
 
 One trajectory of the selection bench moves by 0.015-0.03 in cosine from one setup to another, so a single one
@@ -24,12 +24,18 @@ from sparse_asr.stats import paired_interval
 FIGURES = ["cos_update", "cos_step", "owed"]
 
 
+def figures_of(frame: pd.DataFrame) -> list[str]:
+    """FIGURES and the displacement figures over windows the bench wrote (cos_disp_W<W>, norm_disp_W<W>), by W."""
+    sizes = sorted({int(c.removeprefix("cos_disp_W")) for c in frame.columns if c.startswith("cos_disp_W")})
+    return FIGURES + [f"{what}_W{W}" for W in sizes for what in ("cos_disp", "norm_disp")]
+
+
 def per_trajectory(steps: pd.DataFrame, oracle_label: str) -> pd.DataFrame:
-    """Each figure's mean over the sparse steps, per (seed, global batch, algorithm, P, density), and the gap to the
-    oracle's cos_update (the rows of algorithm `oracle_label`) at the same seed, batch, P and density (NaN without
-    an oracle row)."""
+    """Each figure's mean over the sparse steps (a displacement figure's: over the windows), per (seed, global batch,
+    algorithm, P, density), and the gap to the oracle's cos_update (the rows of algorithm `oracle_label`) at the same
+    seed, batch, P and density (NaN without an oracle row)."""
     keys = ["seed", "global_batch", "algorithm", "P", "density"]
-    means = steps.groupby(keys, dropna=False, sort=False)[FIGURES].mean().reset_index()
+    means = steps.groupby(keys, dropna=False, sort=False)[figures_of(steps)].mean().reset_index()
     oracle = means[means["algorithm"] == oracle_label].set_index(["seed", "global_batch", "P", "density"])["cos_update"]
     at = means.set_index(["seed", "global_batch", "P", "density"]).index
     means["gap"] = [oracle.get(key, math.nan) - value for key, value in zip(at, means["cos_update"])]
@@ -54,20 +60,24 @@ def over_seeds(trajectories: pd.DataFrame) -> pd.DataFrame:
     keys = ["global_batch", "algorithm", "P", "density"]
     for key, group in trajectories.groupby(keys, dropna=False, sort=False):
         row = dict(zip(keys, key), n=len(group))
-        for figure in [*FIGURES, "gap"]:
+        for figure in [*figures_of(trajectories), "gap"]:
             row[figure] = interval_text(group[figure].tolist())
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def over_seeds_markdown(table: pd.DataFrame) -> str:
+    windows = [c for c in figures_of(table) if c not in FIGURES]
+    titles = {c: f"{'cos' if c.startswith('cos') else 'norm ratio'} of the displacement over {c.split('_W')[1]} steps"
+              for c in windows}
     lines = ["| global batch | algorithm | P | density | trajectories | cos(update, dense mean gradient) | "
-             "cos(step, dense momentum SGD's step) | owed | gap to the oracle's cos |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "cos(step, dense momentum SGD's step) | owed | gap to the oracle's cos |"
+             + "".join(f" {titles[c]} |" for c in windows),
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(windows)]
     for _, r in table.iterrows():
         density = "-" if isinstance(r["density"], float) and math.isnan(r["density"]) else f"{r['density']:g}"
         lines.append(f"| {r['global_batch']} | {r['algorithm']} | {r['P']} | {density} | {r['n']} | {r['cos_update']} | "
-                     f"{r['cos_step']} | {r['owed']} | {r['gap']} |")
+                     f"{r['cos_step']} | {r['owed']} | {r['gap']} |" + "".join(f" {r[c]} |" for c in windows))
     return "\n".join(lines)
 
 

@@ -1,5 +1,5 @@
 """Selection quality: how closely each gradient exchange's update follows dense training's, against the
-number of ranks P (issue 20, item 1).
+number of ranks P.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/selection_quality.py [--config configs/an4_cpu.yaml] \
         [--ranks 1 2 4 8 16 32] [--densities 0.02 0.04] [--dense-steps 50] [--steps 100] \
@@ -33,8 +33,15 @@ Per step, for each (algorithm, P, density):
                 when the sparse steps begin and take buf = momentum * buf + clipped update + weight_decay *
                 params, as the config's SGD does (blank for +dgc rows: their momentum is in the ranks' memories)
   cos_step      cos(the step it makes the model take, dense momentum SGD's step at the same P): the shadow's
-                buffer (Nesterov: d + momentum * buffer) or, for a +dgc row, its update itself (DGC's memory
-                carries momentum and weight decay, and the optimizer steps without them)
+                buffer (Nesterov: d + momentum * buffer) or, for a row whose memory carries the momentum (+dgc,
+                +ef21), its update itself (the memory carries momentum and weight decay, and the optimizer steps
+                without them)
+  cos_disp_W<W>, norm_disp_W<W>  the displacement over consecutive windows of W sparse steps (--windows): the sum
+                of lr x its step against dense momentum SGD's from the same start on the same gradients, their
+                cosine and norm ratio, at the step that ends each window (blank elsewhere). One step's cosine
+                cannot rank memories that release deferred mass on different schedules (error feedback's residual
+                leaks out every step, DGC's velocity in bursts, EF21's estimate lags): where the model goes over W
+                steps can. At density 1 every memory's is 1 at every W.
   owed          ||sum over ranks of the residuals / P|| / ||dense mean gradient||: the error-feedback mass
                 the ranks still owe the model, in steps of gradient (dense: 0)
   applied       mean over ranks of (entries of the rank whose value entered the update) / (entries it
@@ -49,11 +56,13 @@ oracle: every rank accumulates acc = grad + residual; the update is the exact to
 applied from every rank (each clears its residual there). At P = 1 it is Ok-Topk with exact thresholds, and
 TopkA. Its words are those of this implementation: a dense allreduce and a broadcast of the k indices.
 Compressors are bare (compression.dense_1d and warm-up do not apply; the dense steps are the warm-up) and use
-their default options; --variant adds an algorithm with other options as a row of its own, and --dgc ALGORITHM
-a row "ALGORITHM+dgc" with Deep Gradient Compression's memory (compression.memory=dgc: momentum correction, the
+their default options; --variant adds an algorithm with other options as a row of its own, and --memory
+ALGORITHM:MEMORY a row "ALGORITHM+MEMORY" with another memory of compression/memory.py (--dgc ALGORITHM is --memory
+ALGORITHM:dgc). With dgc, Deep Gradient Compression's memory (compression.memory=dgc: momentum correction, the
 config's momentum_masking; each rank's gradient clipped at max_grad_norm x sqrt(P) and given weight decay before
 it, as training/optim.py does; every rank's momentum starts from the model's when the sparse steps begin, as if
-DGC had run at density 1 until then, which is momentum SGD).
+DGC had run at density 1 until then, which is momentum SGD). With ef21 (EF21-SGDM) the same momentum start and
+empty estimates, filled by the exchanges from the first sparse step on.
 
 Outputs: the table (printed; --out FILE.md writes it), a plot of cos(update, dense) against P, one line per
 algorithm, one panel per density plus one against density at the largest P (FILE.png), and every step's
@@ -72,7 +81,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -81,8 +90,9 @@ import torch
 import yaml
 
 from sparse_asr.comm import Communicator, ThreadGroup
-from sparse_asr.compression import (COMPRESSORS, Compressor, MomentumCorrection, SparseCompressor, StepStats,
+from sparse_asr.compression import (COMPRESSORS, MEMORIES, Compressor, ErrorFeedback, SparseCompressor, StepStats,
                                     build_compressor, memory_problem)
+from sparse_asr.compression.memory import build_memory
 from sparse_asr.compression.base import all_finite
 from sparse_asr.compression.selection import topk_indices
 from sparse_asr.data.audio import SpecAugment
@@ -135,12 +145,11 @@ class Oracle(Compressor):
 
 
 def residual_of(compressor: Compressor) -> torch.Tensor | None:
-    """A compressor's error-feedback memory (sparse algorithms' residual, PowerSGD's error); None for dense."""
-    for name in ("residual", "error"):
-        memory = getattr(compressor, name, None)
-        if memory is not None:
-            return memory
-    return None
+    """What a compressor's rank still owes the model (a selection's memory.owed, the oracle's residual, PowerSGD's
+    error); None for dense."""
+    if isinstance(compressor, SparseCompressor):
+        return compressor.memory.owed
+    return getattr(compressor, "residual", getattr(compressor, "error", None))
 
 
 def applied_counter(compressor: Compressor):
@@ -174,11 +183,16 @@ class Algorithm:
     label: str
     name: str
     options: dict
-    dgc: bool = False  # Deep Gradient Compression's memory instead of error feedback
+    memory: str = ErrorFeedback.name  # a key of compression MEMORIES
 
     @property
     def uses_density(self) -> bool:
         return self.name == ORACLE or COMPRESSORS[self.name].uses_density
+
+    @property
+    def carries_momentum(self) -> bool:
+        """Its memory carries momentum and weight decay: its update is the step (no shadow momentum)."""
+        return MEMORIES[self.memory].carries_momentum
 
 
 @dataclass
@@ -207,9 +221,8 @@ def make_compressor(algorithm: Algorithm, comm, numel: int, density: float | Non
     if algorithm.name == ORACLE:
         return Oracle(comm, numel, density, shapes=shapes, **algorithm.options)
     memory = None
-    if algorithm.dgc:
-        memory = MomentumCorrection(numel, torch.device("cpu"), cfg.optim.momentum, cfg.optim.nesterov,
-                                    cfg.compression.momentum_masking)
+    if algorithm.memory != ErrorFeedback.name:
+        memory = build_memory(algorithm.memory, numel, "cpu", cfg.optim, cfg.compression.momentum_masking)
     return build_compressor(algorithm.name, comm, numel, density if density is not None else 1.0, shapes=shapes,
                             memory=memory, **algorithm.options)
 
@@ -229,13 +242,13 @@ class SimulatedRanks:
 
     def step(self, grads: list[torch.Tensor], params: torch.Tensor) -> list[RunStep]:
         """Every run's step on these per-rank gradients (left unchanged: each compressor gets a copy) at these
-        parameters (a +dgc row's gradients get weight decay)."""
+        parameters (the gradients of a row whose memory carries the momentum get weight decay)."""
 
         def rank_step(comm):
             r, out = comm.rank, []
             for run in self.runs:
                 flat = grads[r].clone()  # compressors turn their input into the update, in place
-                if run.algorithm.dgc:  # what SGDStep adds before an exchange that carries the momentum
+                if run.algorithm.carries_momentum:  # what SGDStep adds before an exchange that carries the momentum
                     local_terms_(flat, [flat], [params], self.optim, self.P)
                 t0 = time.thread_time()
                 stats = run.compressors[r].step(flat)
@@ -285,8 +298,8 @@ class ShadowMomentum:
 
 
 def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_momentum: tuple[torch.Tensor, torch.Tensor],
-            params: torch.Tensor) -> dict:
-    """One step's figures for one run (module docstring)."""
+            params: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """One step's figures for one run (module docstring), and the step it makes the model take."""
     P = len(run.compressors)
     residuals = [residual_of(c) for c in run.compressors]
     owed = 0.0
@@ -302,7 +315,7 @@ def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_moment
     if run.momentum is not None:
         buffer, step = run.momentum.add(result.update, params)
         cos_momentum = cosine(buffer, dense_buffer)
-    else:  # +dgc: the update is the step (the momentum lives in the ranks' memories)
+    else:  # +dgc, +ef21: the update is the step (the momentum lives in the ranks' memories)
         step, cos_momentum = result.update, math.nan
     applied = result.applied
     selected = [s.selected_local for s in result.stats]
@@ -317,7 +330,37 @@ def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_moment
             "applied": share, "contributors": contributors,
             "words": float(np.mean([s.bytes_recv for s in result.stats])) / WORD,
             "update_entries": result.stats[0].selected_global, "k": result.stats[0].k,
-            "cpu_seconds": result.cpu_seconds}
+            "cpu_seconds": result.cpu_seconds}, step
+
+
+class Displacements:
+    """Where the model goes over consecutive windows of W sparse steps: per key (a run, or dense) the sum of
+    lr x step since its window began. Every sparse step: `add` each key's step, then `window_end()` counts the
+    step and names the W whose window it ends; their `figures` are read, then `restart(W)`."""
+
+    def __init__(self, sizes: list[int]):
+        self.sizes, self.sums, self.steps = sorted(set(sizes)), {}, 0
+
+    def add(self, key, lr: float, step: torch.Tensor) -> None:
+        for W in self.sizes:
+            if (key, W) in self.sums:
+                self.sums[key, W].add_(step, alpha=lr)
+            else:
+                self.sums[key, W] = step * lr
+
+    def window_end(self) -> list[int]:
+        self.steps += 1
+        return [W for W in self.sizes if self.steps % W == 0]
+
+    def figures(self, key, dense_key, W: int) -> dict:
+        """cos(key's displacement, dense's) and ||key's|| / ||dense's|| over the window of W just ended."""
+        mine, dense = self.sums[key, W], self.sums[dense_key, W]
+        dense_norm = norm(dense)
+        return {f"cos_disp_W{W}": cosine(mine, dense), f"norm_disp_W{W}": norm(mine) / dense_norm if dense_norm else 0.0}
+
+    def restart(self, W: int) -> None:
+        for key in [key for key in self.sums if key[1] == W]:
+            del self.sums[key]
 
 
 # ------------------------------------------------------------------------------------------- gradients
@@ -416,6 +459,7 @@ class Settings:
     dense_steps: int
     steps: int
     global_batch: int
+    windows: list[int] = field(default_factory=lambda: [10, 50])  # displacement windows, in sparse steps
     timeout_s: float = 300.0
     log_every: int = 10
     checkpoint: str = ""  # start from this training checkpoint's model, momentum and schedule position
@@ -440,6 +484,7 @@ def run_bench(cfg, s: Settings, log=print, start: dict | None = None) -> tuple[p
     trajectory_P = min(s.ranks)
     simulated = {P: SimulatedRanks(P, s.algorithms, s.densities, numel, shapes, cfg, s.timeout_s) for P in s.ranks}
     reference_momentum: dict[int, ShadowMomentum] = {}
+    displacements = {P: Displacements(s.windows) for P in s.ranks}
     rows = []
     seconds = {f"{what}_{clock}": 0.0 for what in ("gradients", "compressors", "measures") for clock in ("wall", "cpu")}
 
@@ -473,17 +518,31 @@ def run_bench(cfg, s: Settings, log=print, start: dict | None = None) -> tuple[p
                 reference_momentum = {P: ShadowMomentum(start, cfg.optim) for P in s.ranks}
                 for sim in simulated.values():
                     for run in sim.runs:
-                        run.momentum = None if run.algorithm.dgc else ShadowMomentum(start, cfg.optim)
-                        if run.algorithm.dgc:  # every rank's momentum = the model's (as if DGC ran at density 1 so
-                            for c in run.compressors:  # far, which is momentum SGD); Nesterov's form holds m x buffer
-                                c.memory.u.copy_(start * cfg.optim.momentum if cfg.optim.nesterov else start)
+                        carries = run.algorithm.carries_momentum
+                        run.momentum = None if carries else ShadowMomentum(start, cfg.optim)
+                        if carries:  # every rank's momentum = the model's (as if it ran at density 1 so far, which
+                            for c in run.compressors:  # is momentum SGD)
+                                c.memory.start_from(start)
+            lr = learning_rate(cfg.optim, taken, start_epoch + epoch)
             for P, sim in simulated.items():
                 t0 = time.perf_counter(), time.process_time()
                 results = sim.step(grads[P], params_now)
                 t1 = add_time("compressors", t0)
                 dense_momentum = reference_momentum[P].add(references[P], params_now)
-                for run, result in zip(sim.runs, results):
-                    rows.append({"step": step, **measure(run, result, references[P], dense_momentum, params_now)})
+                moves = displacements[P]
+                moves.add("dense", lr, dense_momentum[1])
+                measured = []
+                for i, (run, result) in enumerate(zip(sim.runs, results)):
+                    figures, step_taken = measure(run, result, references[P], dense_momentum, params_now)
+                    moves.add(i, lr, step_taken)
+                    measured.append(figures)
+                ended = moves.window_end()
+                for i, figures in enumerate(measured):
+                    for W in ended:
+                        figures.update(moves.figures(i, "dense", W))
+                    rows.append({"step": step, **figures})
+                for W in ended:
+                    moves.restart(W)
                 add_time("measures", t1)
         flat_grad.copy_(references[trajectory_P])
         clip_grad_norm_(flat_grad, cfg.optim.max_grad_norm)
@@ -531,7 +590,8 @@ def summarise(steps: pd.DataFrame) -> pd.DataFrame:
     keys = ["algorithm", "P", "density"]
     order = {label: i for i, label in enumerate(dict.fromkeys(steps["algorithm"]))}
     grouped = steps.groupby(keys, dropna=False, sort=False)
-    figures = ["cos_update", "along", "cos_momentum", "cos_step", "owed", "applied", "contributors", "words", "update_entries", "k"]
+    figures = ["cos_update", "along", "cos_momentum", "cos_step", "owed", "applied", "contributors", "words", "update_entries", "k",
+               *window_columns(steps)]
     summary = grouped[figures].mean().add_suffix("_mean").join(grouped[figures].last().add_suffix("_last"))
     summary["steps"] = grouped.size()
     summary = summary.reset_index()
@@ -539,15 +599,24 @@ def summarise(steps: pd.DataFrame) -> pd.DataFrame:
     return summary.sort_values(["order", "density", "P"], na_position="first").drop(columns="order")
 
 
+def window_columns(steps: pd.DataFrame) -> list[str]:
+    """The displacement figures present (cos_disp_W<W>, norm_disp_W<W>), by W."""
+    sizes = sorted({int(c.removeprefix("cos_disp_W")) for c in steps.columns if c.startswith("cos_disp_W")})
+    return [f"{what}_W{W}" for W in sizes for what in ("cos_disp", "norm_disp")]
+
+
 def markdown_table(summary: pd.DataFrame) -> str:
     def pair(row, name, digits):
         return f"{row[name + '_mean']:.{digits}f} / {row[name + '_last']:.{digits}f}"
 
+    sizes = sorted({int(c.removeprefix("cos_disp_W").removesuffix("_mean")) for c in summary.columns
+                    if c.startswith("cos_disp_W") and c.endswith("_mean")})
     lines = ["| algorithm | P | density | entries updated | cos(update, dense mean gradient) mean / last | "
              "along dense mean / last | cos(momentum, dense momentum) mean / last | "
              "cos(step, dense momentum SGD's step) mean / last | owed mean / last | "
-             "share of local picks applied | ranks per applied entry | words received per rank |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "share of local picks applied | ranks per applied entry | words received per rank |"
+             + "".join(f" displacement over {W} steps: cos / norm ratio |" for W in sizes),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(sizes)]
     for _, row in summary.iterrows():
         density = "-" if math.isnan(row["density"]) else f"{row['density']:g}"
         entries = "-" if math.isnan(row["density"]) else f"{row['update_entries_mean'] / row['k_mean']:.2f} k"
@@ -557,8 +626,15 @@ def markdown_table(summary: pd.DataFrame) -> str:
         lines.append(f"| {row['algorithm']} | {row['P']} | {density} | {entries} | {pair(row, 'cos_update', 3)} | "
                      f"{pair(row, 'along', 3)} | "
                      f"{momentum} | {pair(row, 'cos_step', 3)} | {pair(row, 'owed', 2)} | {applied} | {contributors} | "
-                     f"{row['words_mean']:,.0f} |")
+                     f"{row['words_mean']:,.0f} |"
+                     + "".join(f" {displacement(row, W)} |" for W in sizes))
     return "\n".join(lines)
+
+
+def displacement(row, W: int) -> str:
+    """'cos / norm ratio' of the displacement over W steps, the mean over the run's windows ('-': no full window)."""
+    cos, ratio = row[f"cos_disp_W{W}_mean"], row[f"norm_disp_W{W}_mean"]
+    return "-" if math.isnan(cos) else f"{cos:.3f} / {ratio:.3f}"
 
 
 def plot(summary: pd.DataFrame, path: Path, densities: list[float]) -> None:
@@ -631,8 +707,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--algorithms", nargs="+", help=f"default: every registered one and {ORACLE}")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=ALGORITHM[:KEY=VALUE,...]",
                         help="one more row family: a registered algorithm with these options (repeatable)")
-    parser.add_argument("--dgc", action="append", default=[], metavar="ALGORITHM",
-                        help="one more row family: ALGORITHM with DGC's memory, labelled ALGORITHM+dgc (repeatable)")
+    parser.add_argument("--memory", action="append", default=[], metavar="ALGORITHM:MEMORY",
+                        help=f"one more row family: ALGORITHM with another memory ({', '.join(MEMORIES)}), labelled "
+                        "ALGORITHM+MEMORY (repeatable)")
+    parser.add_argument("--dgc", action="append", default=[], metavar="ALGORITHM", help="the same as --memory ALGORITHM:dgc")
+    parser.add_argument("--windows", type=int, nargs="+", default=[10, 50], metavar="W",
+                        help="displacement windows, in sparse steps (default 10 50)")
     parser.add_argument("--global-batch", type=int,
                         help="default: the config's global batch, rounded up to a multiple of every P")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a simulated rank waits in a collective")
@@ -661,12 +741,17 @@ def settings_from(args, cfg) -> tuple[Settings, str]:
         raise ValueError(f"--densities must be in (0, 1], got {args.densities}")
     if args.steps < 1 or args.dense_steps < 0:
         raise ValueError("--steps must be >= 1 and --dense-steps >= 0")
+    if min(args.windows) < 1:
+        raise ValueError(f"--windows must be >= 1, got {args.windows}")
     names = args.algorithms if args.algorithms is not None else [*COMPRESSORS, ORACLE]
     algorithms = [Algorithm(name, name, {}) for name in names] + [parse_variant(v) for v in args.variant]
-    for name in args.dgc:
-        if problem := memory_problem(name, MomentumCorrection.name, 0, False):
-            raise ValueError(f"--dgc {name}: {problem}")
-        algorithms.append(Algorithm(f"{name}+dgc", name, {}, dgc=True))
+    for spec in [*args.memory, *(f"{name}:dgc" for name in args.dgc)]:
+        name, _, memory = spec.partition(":")
+        if memory not in MEMORIES or name not in COMPRESSORS:
+            raise ValueError(f"--memory {spec!r}: expected ALGORITHM:MEMORY, MEMORY one of {', '.join(MEMORIES)}")
+        if problem := memory_problem(name, memory, 0, False):
+            raise ValueError(f"--memory {spec}: {problem}")
+        algorithms.append(Algorithm(f"{name}+{memory}", name, {}, memory=memory))
     for a in algorithms:
         if a.name != ORACLE and a.name not in COMPRESSORS:
             raise ValueError(f"unknown algorithm {a.name!r}; known: {', '.join([*COMPRESSORS, ORACLE])}")
@@ -686,8 +771,8 @@ def settings_from(args, cfg) -> tuple[Settings, str]:
         batch = -(-configured // lcm) * lcm
         note = ("the config's" if batch == configured
                 else f"the config's {configured} rounded up to a multiple of every P")
-    return Settings(ranks, sorted(set(args.densities)), algorithms, args.dense_steps, args.steps, batch, args.timeout,
-                    args.log_every, args.checkpoint or ""), note
+    return Settings(ranks, sorted(set(args.densities)), algorithms, args.dense_steps, args.steps, batch,
+                    sorted(set(args.windows)), args.timeout, args.log_every, args.checkpoint or ""), note
 
 
 def main(argv=None) -> int:
