@@ -197,17 +197,140 @@ def cltk_bytes(k: int, P: int, step: int) -> list[tuple[int, int]]:
             for r in range(P)]
 
 
+# ---------------------------------------------------------------- owner chunks: bf16, fp16, onebit
+def owner_chunks(n: int, P: int) -> list[slice]:
+    """Chunk j = [j n // P, (j + 1) n // P), owned by rank j (the spec the exchanges follow)."""
+    return [slice(j * n // P, (j + 1) * n // P) for j in range(P)]
+
+
+def owner_volumes(n: int, P: int, message_bytes: Callable[[int], int]) -> list[tuple[int, int]]:
+    """(sent, received) per rank of a reduce-scatter to the chunk owners and an allgather of the owned results,
+    each chunk travelling as message_bytes(its length): rank r sends every other owner its chunk, receives its own
+    chunk from the P-1 others, sends its result to them and receives theirs."""
+    sizes = [message_bytes(c.stop - c.start) for c in owner_chunks(n, P)]
+    volume = [sum(sizes) - sizes[r] + (P - 1) * sizes[r] for r in range(P)]
+    return [(v, v) for v in volume]
+
+
+def round_to(x: np.ndarray, kind: str) -> np.ndarray:
+    """The nearest bf16 or fp16 of each value (ties to even), as float64. Through float32 first: double rounding
+    via float32 is exact for these formats (24 bits >= 2 p + 2). bf16: the float32's upper 16 bits, rounded by
+    integer arithmetic on its bit pattern (numpy has no bf16); fp16: numpy's float16."""
+    x32 = np.asarray(x, dtype=np.float64).astype(np.float32)
+    if kind == "fp16":
+        with np.errstate(over="ignore"):
+            return x32.astype(np.float16).astype(np.float64)
+    bits = x32.view(np.uint32).astype(np.uint64)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def half_expected(kind: str):
+    def expected(accs, k, density, options, step):
+        """PyTorch's compress hook: h_r = half(half(g_r) / P); the owner sums in rank order, rounding each partial
+        sum to half; SUM = P x that mean."""
+        n, P = accs[0].size, len(accs)
+        with np.errstate(invalid="ignore"):  # fp16 overflow: inf - inf
+            mean = None
+            for acc in accs:
+                h = round_to(round_to(acc, kind) / P, kind)
+                mean = h if mean is None else round_to(mean + h, kind)
+        return Expected(P * mean, np.arange(n), None, owner_volumes(n, P, lambda length: 2 * length))
+    return expected
+
+
+def one_bit(x: np.ndarray) -> np.ndarray:
+    """sign (+1 at 0) times the mean absolute value, float64."""
+    return np.where(x >= 0, 1.0, -1.0) * (np.abs(x).mean() if x.size else 0.0)
+
+
+def onebit_expected(accs, k, density, options, step, before):
+    """Worker: acc = gradient + worker error (`accs` are the gradients: onebit keeps no residual), compressed chunk
+    by chunk; owner j: the mean of the ranks' compressed chunk j plus its server error, compressed again. `before`:
+    every rank's errors before the step; the errors after are returned as Expected.memory."""
+    n, P = accs[0].size, len(accs)
+    chunks = owner_chunks(n, P)
+    sent, memory = [], []
+    for grad, mine in zip(accs, before):
+        acc = (mine["worker_error"] + grad).astype(np.float64)  # one float32 addition, as the compressor's
+        compressed = np.concatenate([one_bit(acc[c]) for c in chunks])
+        sent.append(compressed)
+        memory.append({"worker_error": acc - compressed})
+    total = np.zeros(n)
+    for j, c in enumerate(chunks):
+        averaged = np.mean([s[c] for s in sent], axis=0) + before[j]["server_error"]
+        update = one_bit(averaged)
+        total[c] = P * update
+        memory[j]["server_error"] = averaged - update
+    return Expected(total, np.arange(n), None, owner_volumes(n, P, lambda length: (length + 7) // 8 + 4),
+                    memory=memory, exact=False)
+
+
+def onebit_state(compressor) -> dict:
+    return {key: value.numpy().copy() for key, value in compressor.state_dict().items()}
+
+
+# ---------------------------------------------------------------- randomk
+def randomk_expected(accs, k, density, options, step):
+    """The indices come from the compressor's own draw (randomk.draw_indices: seeded by (seed, step) alike on every
+    rank); the sum, the applied sets and the volume are computed here."""
+    from sparse_asr.compression.randomk import RandomkOptions, draw_indices
+
+    n, P = accs[0].size, len(accs)
+    indices = draw_indices(n, k, options.get("seed", RandomkOptions().seed), step).numpy().astype(np.int64)
+    assert np.array_equal(indices, np.unique(indices)) and indices.size == min(k, n), "draws not k distinct indices"
+    total = np.zeros(n)
+    total[indices] = np.sum([a[indices].astype(np.float64) for a in accs], axis=0)
+    volume = ring_allreduce_bytes(indices.size, P)
+    return Expected(total, indices, [indices] * P, [(volume, volume)] * P)
+
+
+# ---------------------------------------------------------------- QSGD
+def qsgd_quantize(v: np.ndarray, uniforms: np.ndarray, s: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """(signed levels, float32 bucket norms) in numpy: the norm in float64 then rounded to float32, x = |v| (s / N)
+    in float32, level = floor(x) + [u < x - floor(x)] (at most s)."""
+    n = v.size
+    buckets = -(-n // d)
+    padded = np.zeros(buckets * d)
+    padded[:n] = v
+    norms = np.sqrt(np.sum(padded.reshape(buckets, d) ** 2, axis=1)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        ratio = np.where(norms > 0, np.float32(s) / norms, np.float32(0)).astype(np.float32)
+    x = np.abs(v).astype(np.float32) * np.repeat(ratio, d)[:n]
+    low = np.floor(x)
+    level = np.minimum(low + (uniforms < x - low), s)
+    return np.where(v < 0, -level, level).astype(np.int64), norms
+
+
+def qsgd_expected(accs, k, density, options, step):
+    """Every rank's gradient quantized with its own draws (qsgd.draw_uniforms(seed, rank, step): the same uniforms
+    the compressor uses), decoded in float32 as N / s x level, summed in float64."""
+    from sparse_asr.compression.qsgd import QSGDOptions, draw_uniforms
+
+    o = {**{f: getattr(QSGDOptions(), f) for f in ("levels", "bucket_size", "seed")}, **options}
+    s, d, n, P = o["levels"], o["bucket_size"], accs[0].size, len(accs)
+    total = np.zeros(n)
+    for rank, acc in enumerate(accs):
+        levels, norms = qsgd_quantize(acc, draw_uniforms(n, o["seed"], rank, step).numpy(), s, d)
+        total += (levels.astype(np.float32) * np.repeat(norms / np.float32(s), d)[:n]).astype(np.float64)
+    message = n * (1 if s <= 127 else 2) + 4 * -(-n // d)
+    return Expected(total, np.arange(n), None, [(message * (P - 1), message * (P - 1))] * P)
+
+
 # ---------------------------------------------------------------- the registry of references
 @dataclass
 class Expected:
     """What one step must produce: the update SUM (float64), the global indices, the applied index set per
-    rank (None for dense), exact (sent, received) bytes per rank (None: checked elsewhere), extra figures."""
+    rank (None for dense), exact (sent, received) bytes per rank (None: checked elsewhere), extra figures,
+    and for an exchange with its own memory (Reference.state) every rank's state after the step."""
 
     total: np.ndarray
     indices: np.ndarray
     applied: list[np.ndarray] | None
     volumes: list[tuple[int, int]] | None
     extra: dict = field(default_factory=dict)
+    memory: list[dict] | None = None  # per rank, the state after the step (Reference.state's keys), to float tolerance
+    exact: bool = True  # total / P is the compressor's float32 update exactly at P = 1 (False: to float tolerance)
 
 
 def dense_expected(accs, k, density, options, step):
@@ -269,9 +392,14 @@ def powersgd_expected(accs, k, density, options, step):
 
 @dataclass(frozen=True)
 class Reference:
-    expected: Callable  # (accs, k, density, options, step) -> Expected
+    expected: Callable  # (accs, k, density, options, step[, before=every rank's state]) -> Expected
     cases: list  # (density, options) to check
     extra_check: Callable | None = None  # (density, P, summed extras over the run) -> None: branches exercised
+    # A memory that is not the residual of applied entries (onebit's errors): (compressor) -> its state by name as
+    # numpy arrays, read before each step and given to `expected` as before=[every rank's], and after it, compared
+    # with Expected.memory. The rank's owed mass is then the compressor's `owed`.
+    state: Callable | None = None
+    conserves: bool = True  # P x update + owed after == owed before + gradient, summed over ranks (False: lossy)
 
 
 def _topkdsa_went_dense(density, P, extras):
@@ -295,4 +423,11 @@ REFERENCES = {
                                                   "local_factor": 1.5})]),
     "cltk": Reference(cltk_expected, [(0.02, {}), (1.0, {})]),
     "powersgd": Reference(powersgd_expected, [(0.02, {})]),
+    "randomk": Reference(randomk_expected, [(0.02, {}), (0.3, {"seed": 12345})]),  # 0.3: the permutation's draw
+    "bf16": Reference(half_expected("bf16"), [(1.0, {})], conserves=False),
+    "fp16": Reference(half_expected("fp16"), [(1.0, {})], conserves=False),
+    "onebit": Reference(onebit_expected, [(1.0, {})], state=onebit_state),
+    "qsgd": Reference(qsgd_expected, [(1.0, {}), (1.0, {"levels": 300, "bucket_size": 1000, "seed": 5}),
+                                      (1.0, {"levels": 2, "bucket_size": 4000})],  # int16 levels; one bucket
+                      conserves=False),
 }

@@ -7,14 +7,19 @@ from sparse_asr.compression.dense import DenseAllreduce, DenseVectors, DenseWarm
 from sparse_asr.compression.density_warmup import DensityWarmup, warmup_density
 from sparse_asr.compression.gaussiank import Gaussiank
 from sparse_asr.compression.gtopk import GTopk
+from sparse_asr.compression.half import BF16Allreduce, FP16Allreduce
 from sparse_asr.compression.memory import MEMORIES, ErrorFeedback, MomentumCorrection
 from sparse_asr.compression.oktopk import OkTopk
+from sparse_asr.compression.onebit import OneBit
 from sparse_asr.compression.powersgd import PowerSGD
+from sparse_asr.compression.qsgd import QSGD
+from sparse_asr.compression.randomk import Randomk
 from sparse_asr.compression.topk_allgather import TopkAllgather
 from sparse_asr.compression.topk_dsa import TopkDSA
 
 COMPRESSORS: dict[str, type[Compressor]] = {
-    cls.name: cls for cls in (DenseAllreduce, OkTopk, TopkAllgather, TopkDSA, GTopk, Gaussiank, PowerSGD, CLTk)
+    cls.name: cls for cls in (DenseAllreduce, OkTopk, TopkAllgather, TopkDSA, GTopk, Gaussiank, PowerSGD, CLTk,
+                              Randomk, BF16Allreduce, FP16Allreduce, OneBit, QSGD)
 }
 
 
