@@ -253,6 +253,30 @@ def test_a_nonfinite_step_reaches_no_compressor(tiny_manifest, tmp_path, monkeyp
     assert "memory.residual" in state and all(torch.equal(state[k], v) for k, v in kept.items())
 
 
+def test_an_fp16_overflow_in_the_exchange_skips_the_step(tiny_manifest, tmp_path, monkeypatch):
+    """A finite gradient beyond fp16's range (the loss scaled by 1e9) passes the trainer's check before the
+    exchange, overflows in fp16's (compression/half.py): the update is not finite, the same on every rank, and
+    the trainer skips the step after the exchange: weights and step count stay; bf16 holds the same gradient."""
+    from sparse_asr.comm import Communicator
+    from sparse_asr.training.config import load_config
+    from sparse_asr.training.launch import bare_trainer, resolve_for_run
+    from tests.mpi.train_common import SMOKE_CONFIG
+
+    dataset = SpeechDataset(tiny_manifest)
+    batch = collate([dataset[i] for i in range(4)])
+    original = Trainer.forward_loss
+    monkeypatch.setattr(Trainer, "forward_loss", lambda self, b: original(self, b) * 1e9)
+    for algorithm, taken in (("fp16", False), ("bf16", True)):
+        comm = Communicator()
+        cfg = resolve_for_run(load_config(SMOKE_CONFIG, tiny_on(tiny_manifest, tmp_path, algorithm)
+                                          + [f"compression.algorithm={algorithm}", "compression.warmup_steps=0"]), comm)
+        trainer = bare_trainer(cfg, comm, build_model("lstman4_tiny"), dataset, "cpu")
+        weights = [p.detach().clone() for p in trainer.params]
+        assert (trainer.train_step(batch) is not None) == taken, algorithm
+        assert trainer.progress.step == int(taken), algorithm
+        assert all(torch.equal(a, b) for a, b in zip(weights, trainer.params)) == (not taken), algorithm
+
+
 def test_nonfinite_steps_in_a_row_stop_the_run(tiny_manifest, tmp_path, monkeypatch):
     inject_nan(monkeypatch, at_step=1, once=False)  # every batch from the second on: step 1 is never taken
     with pytest.raises(FloatingPointError, match=r"3 steps in a row had a non-finite loss or gradient"):

@@ -3,6 +3,7 @@
     zero the flat gradient -> forward -> CTC loss / B -> backward
     -> agree on all ranks that loss and gradient are finite (else every rank skips the step)
     -> compressor.step(flat_grad): flat_grad becomes the averaged global update on every rank
+       (not finite only where the exchange overflowed, fp16's: every rank skips the step alike)
     -> clip the synchronised gradient -> SGD step (optim.SGDStep; with DGC's memory part of it comes first).
 
 The parameters' .grad are views into ONE flat float32 buffer, so the compressor (launch.start_run built
@@ -71,6 +72,8 @@ class Trainer:
             return None
         self.sgd.before_exchange(self.flat_grad)
         stats = self.compressor.step(self.flat_grad)
+        if not all_finite(self.flat_grad):  # a lossy exchange overflowed (fp16): the same bits on every rank, so
+            return None  # every rank skips here together, with no collective
         lr = learning_rate(self.cfg.optim, self.progress.step, self.progress.epoch)
         grad_norm = self.sgd.after_exchange(self.flat_grad, lr)
         self.progress.step += 1
