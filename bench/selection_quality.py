@@ -222,7 +222,7 @@ def make_compressor(algorithm: Algorithm, comm, numel: int, density: float | Non
         return Oracle(comm, numel, density, shapes=shapes, **algorithm.options)
     memory = None
     if algorithm.memory != ErrorFeedback.name:
-        memory = build_memory(algorithm.memory, numel, "cpu", cfg.optim, cfg.compression.momentum_masking)
+        memory = build_memory(algorithm.memory, numel, "cpu", cfg.optim, cfg.compression)
     return build_compressor(algorithm.name, comm, numel, density if density is not None else 1.0, shapes=shapes,
                             memory=memory, **algorithm.options)
 

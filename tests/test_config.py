@@ -401,7 +401,7 @@ def test_dgc_memory_is_refused_where_it_cannot_work():
         load_config(None, dgc + ["compression.warmup_steps=0", "compression.dense_1d=true"])
     with pytest.raises(ConfigError, match=r"compression\.memory=dgc needs a selection .* not 'powersgd'"):
         load_config(None, ["compression.memory=dgc", "compression.algorithm=powersgd", "compression.warmup_steps=0"])
-    with pytest.raises(ConfigError, match=r"compression\.memory must be one of residual, dgc, ef21, got 'momentum'"):
+    with pytest.raises(ConfigError, match=r"compression\.memory must be one of residual, dgc, ef21, lowpass, got 'momentum'"):
         load_config(None, ["compression.memory=momentum"])
     with pytest.raises(ConfigError, match=r"compression\.density_warmup_epochs must be >= 0"):
         load_config(None, ["compression.density_warmup_epochs=-1"])

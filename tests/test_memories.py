@@ -1,5 +1,5 @@
-"""The memories beside error feedback: EF21-SGDM's against its numpy mirror at P = 1..4 (tests/mpi/ef21_check.py),
-and the rules every memory that carries the momentum shares."""
+"""The memories beside error feedback: EF21-SGDM's and ScaleCom's low-pass filter against their numpy mirrors at
+P = 1..4 (tests/mpi/memory_check.py), and the rules every memory that carries the momentum shares."""
 import pytest
 
 from sparse_asr.compression.memory import MEMORIES
@@ -9,10 +9,11 @@ from tests.mpi_helpers import check_mpi
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
-def test_ef21_memory_matches_its_mirror_and_conserves_the_estimate(nprocs):
-    out = check_mpi(nprocs, ["-m", "tests.mpi.ef21_check"], timeout=240)
+def test_memories_match_their_mirrors(nprocs):
+    out = check_mpi(nprocs, ["-m", "tests.mpi.memory_check"], timeout=240)
     for what in ("topka density=0.02", "oktopk density=0.02", "cltk density=0.02", "topka density=1.0", "resume"):
         assert f"ok ef21 {what} P={nprocs}" in out, out
+    assert f"ok lowpass cltk P={nprocs}" in out and f"ok lowpass oktopk P={nprocs}" in out, out
 
 
 @pytest.mark.unit

@@ -16,6 +16,11 @@ sparse compressor that is swappable (`compression.memory`, in the manner of GRAC
   sends the compressed difference v - h; every rank holds the same global estimate, the mean of the ranks' h, and
   the model steps along that estimate, not along the sparse update. What a rank has not sent stays in its
   difference, never in a residual that grows. The optimizer steps without momentum, as with dgc.
+- `LowPassResidual` ("lowpass", ScaleCom's memory: Chen et al., "ScaleCom: Scalable Sparsified Gradient
+  Compression for Communication-Efficient Distributed Training", NeurIPS 2020): error feedback through a low-pass
+  filter, m <- (1 - beta) m + beta (acc - sent), so a rank's memory follows its unsent mass slowly and the ranks'
+  memories stay alike (what CLT-k's shared index set, chosen from one rank's memory, relies on). beta = 1 is error
+  feedback. ScaleCom is `compression.algorithm=cltk compression.memory=lowpass`.
 
 After the exchange the base class hands the averaged update to `memory.global_update(update)`, which may replace
 it with what the model should step along (EF21's estimate); the others leave it as it is.
@@ -183,19 +188,68 @@ class EF21Momentum:
         copy_checked(self.difference, state["difference"], "difference")
 
 
-MEMORIES = {cls.name: cls for cls in (ErrorFeedback, MomentumCorrection, EF21Momentum)}
+class LowPassResidual:
+    """ScaleCom's low-pass filtered error feedback (see the module docstring): with m the memory before the step and
+    g the gradient, acc = m + g is selected from, and afterwards m <- (1 - beta) m + beta (acc - sent), where sent is
+    acc at the applied entries (0 elsewhere). beta = 1 is ErrorFeedback, bit for bit."""
+
+    name = "lowpass"
+    carries_momentum = False
+
+    def __init__(self, numel: int, device: torch.device, beta: float):
+        if not 0.0 < beta <= 1.0:
+            raise ValueError(f"lowpass memory: beta must be in (0, 1], got {beta}")
+        self.beta = beta
+        self.residual = torch.zeros(numel, dtype=torch.float32, device=device)  # m, and acc during a step
+        self.grad = torch.zeros(numel, dtype=torch.float32, device=device)  # this step's g: m = acc - g
+
+    def accumulate(self, grad: torch.Tensor) -> torch.Tensor:
+        self.grad.copy_(grad)
+        self.residual += grad
+        return self.residual
+
+    def applied_entries(self, indices: torch.Tensor) -> None:
+        """m <- acc - (1 - beta) g where nothing was sent, (1 - beta) (acc - g) where acc was sent whole."""
+        indices = indices.long()
+        before = self.residual[indices] - self.grad[indices]
+        self.residual.sub_(self.grad, alpha=1.0 - self.beta)
+        self.residual[indices] = (1.0 - self.beta) * before
+
+    def applied_update(self, update: torch.Tensor) -> None:
+        """`update` (dense) was sent: m <- acc - beta update - (1 - beta) g."""
+        self.residual.sub_(update, alpha=self.beta).sub_(self.grad, alpha=1.0 - self.beta)
+
+    def global_update(self, update: torch.Tensor) -> None:
+        """The averaged update is what the model steps along: nothing to change."""
+
+    @property
+    def owed(self) -> torch.Tensor:
+        return self.residual
+
+    def state_dict(self) -> dict:
+        return {"residual": self.residual.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        copy_checked(self.residual, state["residual"], "residual")
 
 
-def build_memory(name: str, numel: int, device, optim_cfg, masking: bool = True):
-    """The memory called `name` for `numel` entries; the momentum memories take the optimizer's momentum and
-    Nesterov setting (they carry it instead of the optimizer), dgc also its masking."""
+MEMORIES = {cls.name: cls for cls in (ErrorFeedback, MomentumCorrection, EF21Momentum, LowPassResidual)}
+
+
+def build_memory(name: str, numel: int, device, optim_cfg, compression_cfg):
+    """The memory called `name` for `numel` entries, with its settings: the momentum memories take the optimizer's
+    momentum and Nesterov setting (they carry it instead of the optimizer), dgc also compression.momentum_masking,
+    lowpass compression.lowpass_beta."""
     device = torch.device(device)
     if name == ErrorFeedback.name:
         return ErrorFeedback(numel, device)
     if name == MomentumCorrection.name:
-        return MomentumCorrection(numel, device, optim_cfg.momentum, optim_cfg.nesterov, masking)
+        return MomentumCorrection(numel, device, optim_cfg.momentum, optim_cfg.nesterov,
+                                  compression_cfg.momentum_masking)
     if name == EF21Momentum.name:
         return EF21Momentum(numel, device, optim_cfg.momentum, optim_cfg.nesterov)
+    if name == LowPassResidual.name:
+        return LowPassResidual(numel, device, compression_cfg.lowpass_beta)
     raise ValueError(f"unknown compression.memory {name!r}; known: {', '.join(MEMORIES)}")
 
 

@@ -130,13 +130,16 @@ class CompressionConfig:
     dense_1d: bool = setting(False)
     options: dict = setting(factory=dict)  # keyword arguments of the compressor's constructor
     # The exchange's memory (compression/memory.py MEMORIES): "residual" (error feedback), "dgc" (Deep Gradient
-    # Compression's momentum correction) or "ef21" (EF21-SGDM: a global gradient estimate). dgc and ef21 carry the
+    # Compression's momentum correction), "ef21" (EF21-SGDM: a global gradient estimate) or "lowpass" (ScaleCom's
+    # low-pass filtered error feedback). dgc and ef21 carry the
     # momentum: optim.momentum and nesterov move into the exchange and the optimizer steps without momentum; each
     # rank's gradient is clipped at optim.max_grad_norm x sqrt(P) and gets optim.weight_decay before the exchange
     # (training/optim.py). They need a selection, no dense steps.
     memory: str = setting("residual", lambda v: v in MEMORIES, f"must be one of {', '.join(MEMORIES)}")
     # dgc: a sent entry's momentum is cleared with its velocity (DGC's momentum factor masking)
     momentum_masking: bool = setting(True)
+    # lowpass: the filter's beta, m <- (1 - beta) m + beta (acc - sent); 1 = error feedback
+    lowpass_beta: float = setting(0.1, lambda v: 0 < v <= 1, "must be in (0, 1]")
     # DGC's warm-up: the density falls exponentially over the first N epochs to `density` (density_warmup.py)
     density_warmup_epochs: int = setting(0, natural, "must be >= 0 (0 = the configured density from the start)")
 

@@ -182,7 +182,7 @@ def make_compressor(cfg: Config, comm, model: torch.nn.Module, device, warmup: i
     numel = sum(s.numel() for s in shapes)
     memory = None  # error feedback, the compressor's default (and the only memory dense or PowerSGD take)
     if c.memory != ErrorFeedback.name:
-        memory = build_memory(c.memory, numel, device, cfg.optim, masking=c.momentum_masking)
+        memory = build_memory(c.memory, numel, device, cfg.optim, c)
     return build_compressor(c.algorithm, comm, numel, c.density, device, shapes=shapes, warmup=warmup,
                             dense_1d=c.dense_1d, memory=memory, density_warmup_epochs=c.density_warmup_epochs,
                             **c.options)

@@ -1,7 +1,9 @@
-"""EF21-SGDM's memory (compression.memory=ef21) around the selections, against a float32 numpy mirror.
+"""The memories beside error feedback around the selections, against numpy mirrors: EF21-SGDM's
+(compression.memory=ef21) and ScaleCom's low-pass filter (compression.memory=lowpass).
 
-    mpiexec -n P python -m tests.mpi.ef21_check
+    mpiexec -n P python -m tests.mpi.memory_check
 
+EF21:
 For TopkA, Ok-Topk (exact thresholds) and CLT-k, heavy-ball and Nesterov, STEPS steps on heavy-tailed random
 gradients (a component shared by the ranks plus a rank's own). Every step each rank gathers all ranks' gradients and
 mirrors every rank's memory in numpy: u and the rank estimate h exactly (bitwise), the selection from d = v - h by
@@ -11,6 +13,9 @@ the reference of tests/reference.py, the global estimate as the previous one plu
   - conservation: the global estimate is the mean of the ranks' h (what EF21 rests on);
   - at density 1 the update is the mean of the ranks' momentum steps v (dense momentum SGD's step);
   - a resume from state_dict continues bitwise.
+Low-pass: the memory follows m <- (1 - beta) m + beta (acc - sent) for the reference's selection from acc = m + g
+(within float32 rounding), every rank applies the same update (the reference's sum / P), and at beta = 1 it is
+error feedback bit for bit (the same update and residual as the default memory, step by step).
 Any failure aborts all ranks with a non-zero exit code.
 """
 
@@ -19,7 +24,7 @@ import torch
 
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import build_compressor
-from sparse_asr.compression.memory import EF21Momentum
+from sparse_asr.compression.memory import EF21Momentum, LowPassResidual
 from sparse_asr.training.runtime import run_or_abort
 from tests import reference as ref
 from tests.mpi.compressor_check import N, gradient
@@ -98,6 +103,32 @@ def check_resume(comm, nesterov):
         assert torch.equal(a, b), f"ef21 resume nesterov={nesterov} P={comm.size} step={step}: updates differ"
 
 
+def check_lowpass(comm, name, density, options, beta):
+    P, rank = comm.size, comm.rank
+    comp = build_compressor(name, comm, N, density, memory=LowPassResidual(N, torch.device("cpu"), beta), **options)
+    plain = build_compressor(name, comm, N, density, **options)  # error feedback, for beta = 1
+    memories = [np.zeros(N, np.float32) for _ in range(P)]
+    for step in range(STEPS):
+        where = f"lowpass {name} beta={beta} P={P} rank={rank} step={step}"
+        grads = comm.allgather_object(gradient(step, rank))
+        flat, flat_plain = torch.from_numpy(grads[rank].copy()), torch.from_numpy(grads[rank].copy())
+        comp.step(flat)
+        plain.step(flat_plain)
+        accs = [(memories[q] + grads[q]).astype(np.float32) for q in range(P)]
+        expected = ref.REFERENCES[name].expected(accs, comp.k, density, options, step)
+        np.testing.assert_allclose(flat.numpy().astype(np.float64) * P, expected.total, rtol=1e-5, atol=1e-5, err_msg=where)
+        assert all(np.array_equal(x, flat.numpy()) for x in comm.allgather_object(flat.numpy())), f"{where}: ranks disagree"
+        for q in range(P):
+            sent = np.zeros(N, np.float64)
+            sent[expected.applied[q]] = accs[q][expected.applied[q]]
+            memories[q] = ((1 - beta) * memories[q].astype(np.float64) + beta * (accs[q] - sent)).astype(np.float32)
+        np.testing.assert_allclose(comp.memory.owed.numpy(), memories[rank], rtol=1e-5, atol=1e-5, err_msg=where)
+        memories = comm.allgather_object(comp.memory.owed.numpy().copy())  # carried on from the compressor's bits
+        if beta == 1.0:
+            assert torch.equal(flat, flat_plain), f"{where}: beta = 1 is not error feedback's update"
+            assert torch.equal(comp.memory.owed, plain.residual), f"{where}: beta = 1 is not error feedback's residual"
+
+
 def run_cases(comm):
     for name, density, options in CASES:
         for nesterov in (False, True):
@@ -108,6 +139,11 @@ def run_cases(comm):
         check_resume(comm, nesterov)
     if comm.rank == 0:
         print(f"ok ef21 resume P={comm.size}", flush=True)
+    for name, options in (("cltk", {}), ("oktopk", ref.EXACT_OKTOPK)):
+        for beta in (0.1, 1.0):
+            check_lowpass(comm, name, 0.02, options, beta)
+        if comm.rank == 0:
+            print(f"ok lowpass {name} P={comm.size}", flush=True)
 
 
 def main():
