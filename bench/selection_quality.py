@@ -184,6 +184,7 @@ class Algorithm:
     name: str
     options: dict
     memory: str = ErrorFeedback.name  # a key of compression MEMORIES
+    density: float | None = None  # its own density instead of --densities' (e.g. the words of another exchange)
 
     @property
     def uses_density(self) -> bool:
@@ -236,7 +237,8 @@ class SimulatedRanks:
         self.group = ThreadGroup(P, timeout_s)
         self.runs = []
         for algorithm in algorithms:
-            for density in densities if algorithm.uses_density else [None]:
+            own = [algorithm.density] if algorithm.density is not None else densities
+            for density in own if algorithm.uses_density else [None]:
                 compressors = [make_compressor(algorithm, comm, numel, density, shapes, cfg) for comm in self.group.comms]
                 self.runs.append(Run(algorithm, density, compressors, [applied_counter(c) for c in compressors]))
 
@@ -683,7 +685,9 @@ def plot(summary: pd.DataFrame, path: Path, densities: list[float]) -> None:
 
 # ------------------------------------------------------------------------------------------- command line
 def parse_variant(text: str) -> Algorithm:
-    """LABEL=ALGORITHM[:KEY=VALUE,...], values read as YAML (e.g. oktopk_exact=oktopk:local_threshold_interval=1)."""
+    """LABEL=ALGORITHM[:KEY=VALUE,...], values read as YAML (e.g. oktopk_exact=oktopk:local_threshold_interval=1);
+    the key `density` sets the row's density instead of --densities' (randomk_words=randomk:density=0.04), `memory`
+    its memory (oktopk_ef21=oktopk:memory=ef21)."""
     label, sep, spec = text.partition("=")
     name, _, options = spec.partition(":")
     if not sep or not label or not name:
@@ -694,7 +698,12 @@ def parse_variant(text: str) -> Algorithm:
         if not eq:
             raise ValueError(f"--variant {text!r}: option {item!r} is not KEY=VALUE")
         parsed[key] = yaml.safe_load(value)
-    return Algorithm(label, name, parsed)
+    density, memory = parsed.pop("density", None), parsed.pop("memory", ErrorFeedback.name)
+    if density is not None and not (isinstance(density, (int, float)) and 0 < density <= 1):
+        raise ValueError(f"--variant {text!r}: density must be in (0, 1], got {density!r}")
+    if memory not in MEMORIES:
+        raise ValueError(f"--variant {text!r}: memory must be one of {', '.join(MEMORIES)}, got {memory!r}")
+    return Algorithm(label, name, parsed, memory=memory, density=float(density) if density is not None else None)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -749,12 +758,12 @@ def settings_from(args, cfg) -> tuple[Settings, str]:
         name, _, memory = spec.partition(":")
         if memory not in MEMORIES or name not in COMPRESSORS:
             raise ValueError(f"--memory {spec!r}: expected ALGORITHM:MEMORY, MEMORY one of {', '.join(MEMORIES)}")
-        if problem := memory_problem(name, memory, 0, False):
-            raise ValueError(f"--memory {spec}: {problem}")
         algorithms.append(Algorithm(f"{name}+{memory}", name, {}, memory=memory))
     for a in algorithms:
         if a.name != ORACLE and a.name not in COMPRESSORS:
             raise ValueError(f"unknown algorithm {a.name!r}; known: {', '.join([*COMPRESSORS, ORACLE])}")
+        if a.memory != ErrorFeedback.name and (problem := memory_problem(a.name, a.memory, 0, False)):
+            raise ValueError(f"{a.label}: {problem}")
     if len({a.label for a in algorithms}) != len(algorithms):
         raise ValueError("two rows with the same algorithm label")
     lcm = math.lcm(*ranks)

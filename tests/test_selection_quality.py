@@ -314,6 +314,21 @@ def test_over_50_steps_dgc_without_masking_moves_as_error_feedback_does(cfg):
         assert abs(ef["cos_disp_W50"] - dgc["cos_disp_W50"]) < 0.01 and dgc["cos_disp_W50"] > 0.95, (seed, ef, dgc)
 
 
+def test_a_variant_sets_its_own_density_and_memory(cfg):
+    rk = sq.parse_variant("rk_words=topka:density=0.04")
+    ef = sq.parse_variant("ok_ef21=oktopk:memory=ef21,local_threshold_interval=1")
+    assert (rk.name, rk.density, rk.memory, rk.options) == ("topka", 0.04, "residual", {})
+    assert (ef.name, ef.density, ef.memory, ef.options) == ("oktopk", None, "ef21", {"local_threshold_interval": 1})
+    numel, shapes = model_size(cfg)
+    sim = sq.SimulatedRanks(2, [rk, ef], [0.02, 0.1], numel, shapes, cfg, timeout_s=60)
+    assert [(run.algorithm.label, run.density) for run in sim.runs] == [
+        ("rk_words", 0.04), ("ok_ef21", 0.02), ("ok_ef21", 0.1)]
+    assert type(sim.runs[1].compressors[0].memory).__name__ == "EF21Momentum"
+    for bad in ("x=topka:density=2", "x=topka:memory=nothing"):
+        with pytest.raises(ValueError, match="--variant"):
+            sq.parse_variant(bad)
+
+
 def test_command_writes_its_table_plot_and_steps(tiny_manifest, tmp_path):
     out = tmp_path / "quality.md"
     command = [sys.executable, "bench/selection_quality.py", "--config", "configs/smoke.yaml", "--ranks", "1", "2", "4",
