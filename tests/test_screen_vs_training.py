@@ -1,0 +1,35 @@
+"""bench/screen_vs_training.py: the screen's figures of the trained cells beside their paired training verdicts."""
+import importlib.util
+import sys
+
+import pandas as pd
+import pytest
+
+from tests.mpi_helpers import REPO
+
+spec = importlib.util.spec_from_file_location("screen_vs_training", REPO / "bench" / "screen_vs_training.py")
+svt = sys.modules.setdefault("screen_vs_training", importlib.util.module_from_spec(spec))
+spec.loader.exec_module(svt)
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_report_joins_each_cells_screen_with_its_paired_training_table(tmp_path):
+    """Two trajectories at global 16: Ok-Topk's displacement cosines 0.90 and 0.92 at P = 4 (shortfall 0.09
+    [-0.037, 0.217]), complete_values' 0.95 and 0.96 (paired difference -0.045); at P = 2 Ok-Topk 0.97 twice. The
+    training side is read from the cells' committed paired tables."""
+    rows = []
+    for seed, (ok4, cv4) in zip((1, 2), ((0.90, 0.95), (0.92, 0.96))):
+        for label, P, cos in (("oktopk", 4, ok4), ("complete_values", 4, cv4), ("oktopk", 2, 0.97)):
+            for step in (10, 11):
+                rows.append(dict(seed=seed, global_batch=16, step=step, algorithm=label, P=P, density=0.02,
+                                 cos_update=0.5, cos_step=0.6, owed=1.0,
+                                 cos_disp_W50=cos if step == 11 else float("nan"), norm_disp_W50=1.0))
+    pd.DataFrame(rows).to_csv(tmp_path / "screen.csv", index=False)
+    assert svt.main(["--screen", str(tmp_path / "screen.csv"), "--out", str(tmp_path / "r.md")]) == 0
+    text = (tmp_path / "r.md").read_text()
+    assert "| 4 per rank (P = 4, global 16) | oktopk | 2 | 0.0900 [-0.0371, 0.2171] | 0.4000 [0.4000, 0.4000] |" in text
+    assert "+15.4% [+0.3%, +30.6%] (worse)" in text  # docs/results/cell_p4_cpu/paired.csv's Ok-Topk test WER
+    assert "| 8 per rank (P = 2, global 16) | oktopk | 2 | 0.0300 [0.0300, 0.0300] |" in text
+    assert "- 4 per rank (P = 4, global 16): screen -0.0450 [-0.1085, 0.0185]; training loss -5.2 points" in text
+    assert "- by the screen: 4 per rank (P = 4, global 16); 8 per rank (P = 2, global 16)" in text
