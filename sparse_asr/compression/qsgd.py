@@ -86,11 +86,12 @@ class QSGD(Compressor):
 
     @staticmethod
     def cost(n: int, k: int, P: int, shapes=None, options: QSGDOptions | None = None) -> Cost:
-        """Allgather: (P-1) x (n levels of 1 or 2 bytes + one float32 norm per bucket); grows with P."""
+        """Allgather: (P-1) x (n levels of 1 or 2 bytes + one float32 norm per bucket), from P-1 messages; it grows
+        with P, where a ring allreduce's volume does not."""
         o = options if options is not None else QSGDOptions()
         level_bytes = torch.empty(0, dtype=level_dtype(o.levels)).element_size()
         words = (P - 1) * (n * level_bytes + 4 * math.ceil(n / o.bucket_size)) / 4
-        return Cost(words, words, words, 2 * (P - 1),
+        return Cost(words, words, words, P - 1,
                     f"(P-1)(n/{4 // level_bytes} + n/{o.bucket_size}) (allgather of levels and norms)")
 
     def describe(self) -> str:
