@@ -71,9 +71,11 @@ from sparse_asr.compression import COMPRESSORS
 from sparse_asr.figures import save_png
 from sparse_asr.models import model_with_numel
 
-ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk", "cltk", "powersgd"]  # table column order
+ALGORITHMS = ["dense", "topka", "topkdsa", "gtopk", "gaussiank", "oktopk", "cltk", "powersgd",  # table column order
+              "randomk", "bf16", "fp16", "onebit", "qsgd"]
 DENSITY_FREE = {name for name, cls in COMPRESSORS.items() if not cls.uses_density}  # tabled at density 1
-NOT_IN_PAPER = {"powersgd", "cltk"}  # left out of the trend text's comparison with the paper's algorithms
+# left out of the trend text's comparison with the paper's algorithms
+NOT_IN_PAPER = {"powersgd", "cltk", "randomk", "bf16", "fp16", "onebit", "qsgd"}
 LSTMAN4_NUMEL = 27_569_568  # DESIGN 5
 WORD = 4  # bytes: a float32 value or an int32 index
 DEFAULT_RANKS = [4, 8, 16, 32, 64, 128, 256]

@@ -8,8 +8,8 @@ set -euo pipefail
 REPO=$(realpath "$(dirname "$0")/..")
 source "$REPO/scripts/lib/args.sh"
 
-ALL_ALGORITHMS="dense topka topkdsa gtopk gaussiank oktopk cltk powersgd" # the names in compression/__init__.py
-DENSITY_FREE="dense powersgd" # uses_density = False in their classes: one run per P, whatever the density
+ALL_ALGORITHMS="dense topka topkdsa gtopk gaussiank oktopk cltk powersgd randomk bf16 fp16 onebit qsgd" # compression/__init__.py
+DENSITY_FREE="dense powersgd bf16 fp16 onebit qsgd" # uses_density = False in their classes: one run per P, whatever the density
 
 usage() {
     cat <<EOF

@@ -217,8 +217,8 @@ def test_sweep_defaults_cover_all_algorithms():
     from sparse_asr.compression import COMPRESSORS
 
     lines = ok(["scripts/sweep.sh", "-c", CONFIG, "--dry-run"])
-    # 2 rank counts x (dense + powersgd + 6 sparse algorithms x 2 densities)
-    assert len(lines) == 2 * (2 + 6 * 2)
+    # 2 rank counts x (6 density-free: dense, powersgd, bf16, fp16, onebit, qsgd + 7 sparse algorithms x 2 densities)
+    assert len(lines) == 2 * (6 + 7 * 2)
     algorithms = {shlex.split(line)[8].split("=")[1] for line in lines}
     assert algorithms == set(COMPRESSORS)  # a new compressor must be added to the sweep's list
     names = {shlex.split(line)[7] for line in lines}
