@@ -135,7 +135,8 @@ def relative(value, reference):
 
 def accuracy_section(runs: list[dict]) -> tuple[list[str], list[str]]:
     """Lines comparing the trainings at the last epoch every one of them was dev-scored at (same epochs,
-    issue 10's rule), and the target rows for issue 10 (dense WER, Ok-Topk parity) and issue 12 (bf16)."""
+    the only fair comparison of runs that stop at different times), and the target rows: dense WER, Ok-Topk parity,
+    bf16 parity."""
     scored = [r for r in runs if r["dev_wer_by_epoch"]]
     common = min(max(r["dev_wer_by_epoch"]) for r in scored) if scored else None
     at_common = {r["name"]: r["dev_wer_by_epoch"].get(common) for r in scored}
@@ -151,17 +152,16 @@ def accuracy_section(runs: list[dict]) -> tuple[list[str], list[str]]:
         lines.append(f"| {r['name']} | {r['epochs']} | {fmt(dev)} | {pct(relative(dev, dense_dev))} "
                      f"| {fmt(r['best_dev_wer'])} | {fmt(r['test_wer'])} "
                      f"| {pct(relative(r['test_wer'], dense_test))} |")
-    rows = [f"| lstman4 dense, 1 process: test WER <= 0.15 (issue 10) | {fmt(dense_test)} "
+    rows = [f"| lstman4 dense, 1 process: test WER <= 0.15 | {fmt(dense_test)} "
             f"after {fmt(dense['epochs'] if dense else None, 'd')} epochs "
             f"| {verdict(None if dense_test is None else dense_test <= 0.15)} |"]
-    for name, P, precision, algorithm, slack, issue in (("Ok-Topk", 2, "fp32", "oktopk", 5, 10),
-                                                        ("Ok-Topk", 4, "fp32", "oktopk", 5, 10),
-                                                        ("bf16 dense", 1, "bf16", "dense", 2, 12)):
+    for name, P, precision, algorithm, slack in (("Ok-Topk", 2, "fp32", "oktopk", 5), ("Ok-Topk", 4, "fp32", "oktopk", 5),
+                                                 ("bf16 dense", 1, "bf16", "dense", 2)):
         run = next((r for r in runs if (r["algorithm"], r["P"], r["precision"]) == (algorithm, P, precision)
                     and not r["options"]), None)  # the algorithm itself, not a variant with options
         gap = relative(at_common.get(run["name"]) if run else None, dense_dev)
-        rows.append(f"| {name}, P = {P}: dev WER within {slack}% relative of dense fp32 at the same epoch (issue "
-                    f"{issue}) | {pct(gap)} at epoch {fmt(common, 'd')} "
+        rows.append(f"| {name}, P = {P}: dev WER within {slack}% relative of dense fp32 at the same epoch "
+                    f"| {pct(gap)} at epoch {fmt(common, 'd')} "
                     f"| {verdict(None if gap is None else gap <= slack)} |")
         # Test WER is scored once, after a run's last epoch: comparable only where both finished the same epochs.
         same_epochs = run is not None and dense is not None and run["epochs"] == dense["epochs"]
@@ -169,7 +169,7 @@ def accuracy_section(runs: list[dict]) -> tuple[list[str], list[str]]:
         measured = (f"{pct(test_gap)} after {run['epochs']} epochs" if same_epochs else
                     "n/a (not the same epochs)" if run and dense else "n/a")
         rows.append(f"| {name}, P = {P}: test WER within {slack}% relative of dense fp32, both after the same "
-                    f"epochs (issue {issue}) | {measured} | {verdict(None if test_gap is None else test_gap <= slack)} |")
+                    f"epochs | {measured} | {verdict(None if test_gap is None else test_gap <= slack)} |")
     return lines, rows
 
 
@@ -185,7 +185,7 @@ def epoch_rate(metrics_file: Path) -> tuple[int, float | None]:
 
 
 def rate_report(out_dir: Path, epochs: int = 161, target_minutes: float = 4.0) -> str:
-    """Issue 23's throughput table: dense lstman4 alone on the GPU before and after its settings."""
+    """The throughput table: dense lstman4 alone on the GPU before and after the fast settings (gpu_suite.sh)."""
     rates = {side: epoch_rate(out_dir / f"metrics_rate_{side}.jsonl") for side in ("before", "after")}
     lines = ["| settings | epochs timed | epochs per minute | minutes for " + f"{epochs} epochs |", "|---|---|---|---|"]
     for side, (ended, rate) in rates.items():
@@ -193,7 +193,7 @@ def rate_report(out_dir: Path, epochs: int = 161, target_minutes: float = 4.0) -
     before, after = rates["before"][1], rates["after"][1]
     speedup = after / before if before and after else None
     lines += ["", "| target | measured | |", "|---|---|---|",
-              f"| epochs per minute x2 (issue 23) | {'n/a' if speedup is None else f'{speedup:.2f}x'} "
+              f"| epochs per minute x2 | {'n/a' if speedup is None else f'{speedup:.2f}x'} "
               f"| {verdict(None if speedup is None else speedup >= 2)} |",
               f"| {epochs} epochs of dense lstman4 alone in <= {target_minutes:g} minutes | "
               f"{fmt(epochs / after if after else None, '.1f')} min | "
@@ -215,7 +215,7 @@ def verdict(ok) -> str:
 
 
 def targets(selection: list[dict], step_rows: list[dict]) -> list[str]:
-    """Issue 12's speed targets, against the measured figures (n/a if missing)."""
+    """The GPU speed targets (README, "On a cluster"), against the measured figures (n/a if missing)."""
     def select_ms(name_part):
         found = [float(r["median ms"]) for r in selection if name_part in r.get("method", "")
                  and r.get("density") == "0.02"]
@@ -286,7 +286,7 @@ def summary(out_dir: Path) -> str:
         lines.append("| no result | | | | | | | | | | | | |")
 
     if (out_dir / "rate.md").is_file():
-        lines += ["", "## Epochs per minute, dense lstman4 alone on the GPU (before / after issue 23's settings)", "",
+        lines += ["", "## Epochs per minute, dense lstman4 alone on the GPU (before / after the fast settings)", "",
                   *(out_dir / "rate.md").read_text().splitlines()]
 
     accuracy, accuracy_targets = accuracy_section(runs)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything issues 10 and 12 measure on a GPU node, in one command: one GPU, no network, at most 8 minutes.
+# The GPU checks (accuracy parity, bf16, speed targets) on a GPU node, in one command: one GPU, no network, <= 8 min.
 #
 #   bash bench/gpu_suite.sh [--out DIR] [--dry-run] [--trainings-only | --study [--seed S] [--no-speed]]
 #
@@ -22,14 +22,14 @@
 # warm-up) and SUITE_SECONDS. The trainings' checkpoints are deleted at the end unless KEEP_CHECKPOINTS=1.
 # --trainings-only: env, train and summary only, the trainings getting all of SUITE_SECONDS (enough for all
 # four to finish the same EPOCHS, so that test WERs compare at the same epochs).
-# --study [--seed S] [--no-speed]: issue 23's GPU study in one call (SUITE_SECONDS default 530):
+# --study [--seed S] [--no-speed]: the GPU throughput study in one call (SUITE_SECONDS default 530):
 #   env
 #   rate           epochs per minute of dense lstman4 (recipe, 1 rank) alone on the GPU, before and after
-#                  issue 23's settings, RATE_SECONDS (default 45) each: "before" = the recipe as it is
+#                  the fast settings, RATE_SECONDS (default 45) each: "before" = the recipe as it is
 #                  (features recomputed by 2 loader workers, dev scored and a checkpoint every epoch),
 #                  "after" = features cached on the GPU (data.cache_features), dev every 2 epochs, checkpoints
 #                  only at the best dev WER and the end                                  -> rate_runs/, rate.md
-#   selection, step_P1, step_P1_bf16, step_P2: as above with STEPS default 24 and one density (issue 12's
+#   selection, step_P1, step_P1_bf16, step_P2: as above with STEPS default 24 and one density (the GPU
 #                  speed targets); --no-speed leaves them out and gives their time to the trainings
 #   train          dense on 1 rank, Ok-Topk on 1 rank (the exact global top-k), Ok-Topk on 4 ranks and the
 #                  remedy (Ok-Topk, compression.options.complete_values=true) on 4 ranks, concurrently, at
@@ -154,7 +154,7 @@ fi
 echo "[gpu_suite] results in $OUT ($( ((DRY_RUN)) && echo "dry run on the CPU" || echo "GPU run" ))"
 run_step env "$OUT/env.txt" "$PYTHON" bench/gpu_report.py env "$OUT" $( ((DRY_RUN)) || echo --require-cuda)
 
-# Issue 23's settings: features cached on the GPU (no audio, no STFT, no host-to-device copy after the first
+# The fast settings: features cached on the GPU (no audio, no STFT, no host-to-device copy after the first
 # epoch), dev scored every 2 epochs, a checkpoint only at a new best dev WER and at the end.
 FAST=(data.num_workers=0 data.cache_features=true train.eval_every_epochs=2 train.checkpoint_every_epochs=100000)
 if ((STUDY)); then  # epochs per minute of dense lstman4 alone on the GPU, before and after those settings

@@ -94,7 +94,7 @@ def test_rng_state_round_trip():
 
 
 class RunsCode:
-    """What a malicious checkpoint holds: unpickling it runs a shell command (issue 29, item 1)."""
+    """What a malicious checkpoint holds: unpickling it runs a shell command."""
 
     def __init__(self, marker: Path):
         self.marker = marker

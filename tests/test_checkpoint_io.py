@@ -27,7 +27,7 @@ def test_checkpoint_io_two_ranks(tmp_path):
 
 @pytest.mark.mpi
 def test_checkpoint_io_writes_only_where_it_was_told(tmp_path):
-    """No fixed path in a shared place (issue 29, item 2): by default a private temporary directory, removed
+    """No fixed path in a shared place: by default a private temporary directory, removed
     at the end; an --out that exists, or is a planted symlink, is refused without writing through it."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()

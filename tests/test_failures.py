@@ -262,7 +262,7 @@ def test_evaluate_names_every_unusable_audio_file_by_manifest_line(an4_manifests
 
 def test_planted_symlinks_are_never_written_through(tmp_path):
     """A symlink planted where the project creates its lock files (a shared run or data directory) is refused
-    by name and its target left as it was (issue 29, item 2)."""
+    by name and its target left as it was."""
     from sparse_asr.comm import Communicator
     from sparse_asr.data.an4 import An4Error, _locked
     from sparse_asr.training.rundir import RunDirLock
@@ -329,7 +329,7 @@ def test_a_full_disk_at_the_lock_names_it_and_leaves_no_lock(small_disk):
 
 def test_a_delayed_chained_job_continues_the_run_it_finds_under_the_lock(an4_manifests, tmp_path, monkeypatch):
     """Two `--resume auto name=X` jobs started together; the second is slow in start-up and takes the lock only
-    after the first has finished (issue 29, item 3). It must continue that run, not start afresh over it."""
+    after the first has finished. It must continue that run, not start afresh over it."""
     from sparse_asr.training.rundir import RunDirLock
     from tests.mpi.train_common import run_training
 
@@ -352,7 +352,7 @@ def test_a_delayed_chained_job_continues_the_run_it_finds_under_the_lock(an4_man
 
 
 def test_resume_auto_with_last_missing_or_dangling_continues_from_the_newest_intact(an4_manifests, tmp_path):
-    """The chained-job path falls back like --resume RUN does (issue 29, item 4)."""
+    """The chained-job path falls back like --resume RUN does."""
     from tests.mpi.train_common import run_training
 
     overrides = tiny_overrides(an4_manifests, tmp_path, "nolast", train__epochs=1)
@@ -369,7 +369,7 @@ def test_resume_auto_with_last_missing_or_dangling_continues_from_the_newest_int
 
 
 def test_a_row_cut_by_a_crash_never_corrupts_the_metrics_on_resume(an4_manifests, tmp_path):
-    """A node crash can cut metrics.jsonl inside the rows a checkpoint covers (issue 29, item 6): the resume keeps
+    """A node crash can cut metrics.jsonl inside the rows a checkpoint covers : the resume keeps
     the complete rows before the cut, says so, and every line of the file stays one JSON object."""
     import json
 
@@ -392,7 +392,7 @@ def test_a_row_cut_by_a_crash_never_corrupts_the_metrics_on_resume(an4_manifests
 @pytest.mark.mpi
 def test_a_rank_stopped_before_mpi_is_up_ends_the_job(tmp_path):
     """Rank 1 stops itself (SIGSTOP) before MPI_Init, so rank 0 waits inside MPI_Init, where no Python thread
-    runs (issue 29, item 5): the job ends within distributed.timeout_s plus start-up, naming the wait."""
+    runs: the job ends within distributed.timeout_s plus start-up, naming the wait."""
     import time
 
     from tests.mpi_helpers import MPIEXEC
@@ -411,7 +411,7 @@ def test_a_rank_stopped_before_mpi_is_up_ends_the_job(tmp_path):
 
 def test_every_start_records_its_code_and_machine(an4_manifests, tmp_path):
     """provenance.jsonl: one line per start or resume with the commit, CPU, dispatch, libraries, host and
-    ranks (issue 29, item 9); the log header says the same."""
+    ranks; the log header says the same."""
     import json
     import socket
 
@@ -436,7 +436,7 @@ def test_every_start_records_its_code_and_machine(an4_manifests, tmp_path):
 
 
 def test_inputs_named_up_front(tmp_path):
-    """Issue 29, item 7: each refused with one line naming the value, file or option, before anything runs."""
+    """Each refused with one line naming the value, file or option, before anything runs."""
     import json
 
     import numpy as np
@@ -470,7 +470,7 @@ def test_inputs_named_up_front(tmp_path):
 
 
 def test_six_faults_of_six_kinds_in_one_error(an4_manifests, tmp_path):
-    """Issue 29, item 7: a manifest with a wrong field count, a bad duration, a bad transcript, a repeated
+    """A manifest with a wrong field count, a bad duration, a bad transcript, a repeated
     utterance, a missing file and a too-short file took four runs to surface; now one error names all six, and
     the run directory is not created. A header-only dev manifest is refused; a long utterance is named."""
     import numpy as np

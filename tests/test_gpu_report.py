@@ -1,4 +1,4 @@
-"""bench/gpu_report.py: the GPU suite's summary from raw outputs (here: the figures issue 12 quotes
+"""bench/gpu_report.py: the GPU suite's summary from raw outputs (here: the figures the GPU suite quotes
 from an H200, written the way the suite's steps write them), and the environment report."""
 import json
 import subprocess
@@ -94,17 +94,17 @@ def test_summary_compares_the_trainings_at_their_common_epoch(tmp_path):
     assert "| dense-p1 | 3 | 0.200 | +0.0% | 0.160 | 0.140 | +0.0% |" in lines
     assert "| dense-p1-bf16 | 2 | 0.204 | +2.0% | 0.204 | 0.150 | +7.1% |" in lines
     assert "| oktopk-p4 | 3 | 0.212 | +6.0% | 0.180 | 0.160 | +14.3% |" in lines
-    assert "| lstman4 dense, 1 process: test WER <= 0.15 (issue 10) | 0.140 after 3 epochs | met |" in lines
-    assert ("| Ok-Topk, P = 4: dev WER within 5% relative of dense fp32 at the same epoch (issue 10) | +6.0% at "
+    assert "| lstman4 dense, 1 process: test WER <= 0.15 | 0.140 after 3 epochs | met |" in lines
+    assert ("| Ok-Topk, P = 4: dev WER within 5% relative of dense fp32 at the same epoch | +6.0% at "
             "epoch 2 | NOT met |") in lines
-    assert ("| bf16 dense, P = 1: dev WER within 2% relative of dense fp32 at the same epoch (issue 12) | +2.0% at "
+    assert ("| bf16 dense, P = 1: dev WER within 2% relative of dense fp32 at the same epoch | +2.0% at "
             "epoch 2 | met |") in lines
-    assert ("| Ok-Topk, P = 2: dev WER within 5% relative of dense fp32 at the same epoch (issue 10) | n/a at "
+    assert ("| Ok-Topk, P = 2: dev WER within 5% relative of dense fp32 at the same epoch | n/a at "
             "epoch 2 | n/a |") in lines
     # test WER only where both runs finished the same epochs: oktopk-p4 and dense-p1 both after 3
-    assert ("| Ok-Topk, P = 4: test WER within 5% relative of dense fp32, both after the same epochs (issue 10) "
+    assert ("| Ok-Topk, P = 4: test WER within 5% relative of dense fp32, both after the same epochs "
             "| +14.3% after 3 epochs | NOT met |") in lines
-    assert ("| Ok-Topk, P = 2: test WER within 5% relative of dense fp32, both after the same epochs (issue 10) "
+    assert ("| Ok-Topk, P = 2: test WER within 5% relative of dense fp32, both after the same epochs "
             "| n/a | n/a |") in lines
 
     (tmp_path / "oktopk-p2-aside").rename(tmp_path / "runs" / "oktopk-p2")
@@ -112,9 +112,9 @@ def test_summary_compares_the_trainings_at_their_common_epoch(tmp_path):
     assert "Dev WER at epoch 1, the last epoch every run reached (same epochs); test WER after each run's own " \
            "last epoch." in lines
     assert "| oktopk-p2 | 1 | 0.910 | +82.0% | 0.910 | 0.875 | +525.0% |" in lines
-    assert ("| Ok-Topk, P = 2: dev WER within 5% relative of dense fp32 at the same epoch (issue 10) | +82.0% at "
+    assert ("| Ok-Topk, P = 2: dev WER within 5% relative of dense fp32 at the same epoch | +82.0% at "
             "epoch 1 | NOT met |") in lines
-    assert ("| Ok-Topk, P = 2: test WER within 5% relative of dense fp32, both after the same epochs (issue 10) "
+    assert ("| Ok-Topk, P = 2: test WER within 5% relative of dense fp32, both after the same epochs "
             "| n/a (not the same epochs) | n/a |") in lines
 
 
@@ -122,7 +122,7 @@ def test_summary_of_an_empty_folder_says_what_is_missing(tmp_path):
     proc = report("summary", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "# GPU suite: no GPU" in proc.stdout and proc.stdout.count("no result") == 3
-    assert "| lstman4 dense, 1 process: test WER <= 0.15 (issue 10) | n/a after n/a epochs | n/a |" in proc.stdout
+    assert "| lstman4 dense, 1 process: test WER <= 0.15 | n/a after n/a epochs | n/a |" in proc.stdout
     assert "| threshold reuse <= 0.1 ms | n/a | n/a |" in proc.stdout
 
 
@@ -147,8 +147,8 @@ def test_rate_counts_whole_epochs_between_the_first_and_last_epoch_end(tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "| before | 3 | 2.0 | 6.0 |" in lines and "| after | 4 | 6.0 | 2.0 |" in lines, proc.stdout
-    assert "| epochs per minute x2 (issue 23) | 3.00x | met |" in lines
+    assert "| epochs per minute x2 | 3.00x | met |" in lines
     assert "| 12 epochs of dense lstman4 alone in <= 4 minutes | 2.0 min | met |" in lines
     write("after", [0])  # one epoch end: no rate
     proc = report("rate", str(tmp_path))
-    assert "| after | 1 | n/a | n/a |" in proc.stdout and "| epochs per minute x2 (issue 23) | n/a | n/a |" in proc.stdout
+    assert "| after | 1 | n/a | n/a |" in proc.stdout and "| epochs per minute x2 | n/a | n/a |" in proc.stdout

@@ -299,14 +299,14 @@ def test_gpu_suite_dry_run_from_the_bundle(unpacked, tmp_path):
         assert config["model"]["sync_batchnorm"] and config["data"]["freq_masks"] == 2, run_name
         assert config["train"]["max_minutes"] == 3.0, run_name  # (240 s - 60 s) / 60
     assert "| cpu | 1 | 0.02 |" in summary and "torch.topk" in summary
-    assert "| lstman4 dense, 1 process: test WER <= 0.15 (issue 10) |" in summary
+    assert "| lstman4 dense, 1 process: test WER <= 0.15 |" in summary
     metrics = [json.loads(line) for line in (out / "runs/oktopk-p2/metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in metrics if m["kind"] == "test"] == [1]
     assert not list((out / "runs").glob("*/checkpoints")), "checkpoints are removed at the end"
 
 
 def test_gpu_suite_study_dry_run_from_the_bundle(unpacked, tmp_path):
-    """Issue 23's study, prepared on the CPU: dense alone before and after the fast settings (epochs per minute),
+    """The GPU throughput study, prepared on the CPU: dense alone before and after the fast settings (epochs per minute),
     then four concurrent trainings at one seed (dense and Ok-Topk on 1 rank, Ok-Topk and its complete_values
     remedy on 4), flat metrics files, one plot, the summary. --no-speed: the speed steps' dry run is the
     suite's own (test_gpu_suite_dry_run_from_the_bundle)."""
@@ -339,7 +339,7 @@ def test_gpu_suite_study_dry_run_from_the_bundle(unpacked, tmp_path):
     summary = (out / "summary.md").read_text()
     assert all(f"| {name} | " in summary for name in runs), summary
     assert "| Ok-Topk, P = 4: dev WER within 5% relative of dense fp32" in summary
-    assert "| epochs per minute x2 (issue 23) |" in summary
+    assert "| epochs per minute x2 |" in summary
     proc = run(["bash", "bench/gpu_suite.sh", "--dry-run", "--no-speed"], env, folder, timeout=60)
     assert proc.returncode == 2 and "--no-speed goes with --study" in proc.stderr
 

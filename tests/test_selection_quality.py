@@ -210,7 +210,7 @@ def test_simulation_conserves_mass_and_measures_what_it_says(cfg):
                         assert int(cleared.sum()) == result.applied[r], (where, r)
                 # this step's update is exactly what the ranks took out, entry by entry: a cleared entry missing
                 # from the update fails here. (Not "update != 0 where cleared": P ranks' values at one shared
-                # index can sum to exactly 0 in float32, depending on the CPU's kernels; issue 29, item 8.)
+                # index can sum to exactly 0 in float32, depending on the CPU's kernels.)
                 scale = float(sent.abs().max())
                 torch.testing.assert_close(result.update.double() * P, sent, rtol=0, atol=1e-6 * scale, msg=where)
         for run in sim.runs:  # conservation: everything fed is applied or still owed

@@ -23,12 +23,12 @@ One step on every rank r, with acc = grad + residual and k = density * n:
      largest block, so evening the blocks out pays for moving the excess once more from P = 4 on
      in bench/project_scaling.py's model with the measured imbalance (docs/results/oktopk_floor.md);
      at P = 2 the excess crosses the one link either way, so it is skipped;
-  6. only with the `complete_values` option (issue 20's remedy): step 5 gathers the indices alone and
-     one allreduce sums every rank's acc at them, so an applied entry carries all P ranks' values, not
+  6. only with the `complete_values` option (a remedy for local selection at few utterances per rank): step 5
+     gathers the indices alone and one allreduce sums every rank's acc at them, so an applied entry carries all P ranks' values, not
      only those of the ranks that picked it locally, and leaves every rank's residual (applied = G).
      With `candidate_factor` g > 1 the global selection keeps g k candidates and the k largest of their
      complete sums are applied (the others stay in the residuals). What they gain along a dense
-     trajectory and in training: docs/results.md (issue 20).
+     trajectory and in training: docs/results.md.
 The base class divides by P and clears exactly applied = S_r ∩ G from the residual, computed with
 an order-free membership test (the original intersected unsorted arrays and left residuals
 uncleared on recompute steps). P = 1 runs the same code: no transfers, G = S_0 above the global
@@ -208,15 +208,15 @@ class OkTopkOptions:
     rebalance: bool = setting(True)  # re-cut the selected pairs to equal shares before the allgatherv (P > 2)
     # Each rank selects local_factor x k entries locally (the global step still keeps k): more of every
     # rank's values reach the owners, so a globally selected entry carries more ranks' contributions
-    # (issue 20's remedy (a)); the reduce then moves local_factor times the pairs.
+    # (a remedy: more candidates per rank); the reduce then moves local_factor times the pairs.
     local_factor: float = setting(1.0, between(1, 64), "must be in [1, 64]")
     # After the global selection G, every rank contributes its acc at every index of G (one allreduce of the
     # k values) instead of only at its own local picks: an applied entry carries all P ranks' values and
-    # leaves every rank's residual, as in the oracle; only G is Ok-Topk's (issue 20's remedy (d)).
+    # leaves every rank's residual, as in the oracle; only G is Ok-Topk's.
     complete_values: bool = setting(False)
     # With complete_values: the global selection keeps candidate_factor x k entries, their complete sums are
     # allreduced, and the k largest of those are applied (the rest stay in the residuals): the complete
-    # values re-rank the candidates that the owners' partial sums chose (issue 20's remedy (e)).
+    # values re-rank the candidates that the owners' partial sums chose.
     candidate_factor: float = setting(1.0, between(1, 64), "must be in [1, 64]")
     TIES = (tie("candidate_factor", lambda o: o.candidate_factor == 1.0 or o.complete_values,
                 "needs complete_values=true (the candidates are re-ranked by their complete sums)"),)

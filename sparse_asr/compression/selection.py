@@ -1,7 +1,7 @@
 """Selection helpers shared by the sparse algorithms: exact top-k and threshold selection.
 
 Exact thresholds (the k-th largest |x|) are found by whatever is fastest on the tensor's device
-(`topk_threshold_select`, measured in docs/results/selection.md and issue 12's GPU table):
+(`topk_threshold_select`, measured in docs/results/selection.md and the GPU suite's table):
   - CPU: *sample and refine*: a threshold estimated from a deterministic sample is set a little
     low, one compare + nonzero pass over x keeps ~1.1k candidates, and the exact k-th largest is
     found among those. The result never depends on the sample (a bad sample only costs a retry).
