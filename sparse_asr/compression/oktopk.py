@@ -24,8 +24,9 @@ One step on every rank r, with acc = grad + residual and k = density * n:
      in bench/project_scaling.py's model with the measured imbalance (docs/results/oktopk_floor.md);
      at P = 2 the excess crosses the one link either way, so it is skipped;
   6. only with the `complete_values` option (a remedy for local selection at few utterances per rank): step 5
-     gathers the indices alone and one allreduce sums every rank's acc at them, so an applied entry carries all P ranks' values, not
-     only those of the ranks that picked it locally, and leaves every rank's residual (applied = G).
+     gathers the indices alone and one allreduce sums every rank's acc at them, so an applied entry carries
+     all P ranks' values, not only those of the ranks that picked it locally, and leaves every rank's
+     residual (applied = G).
      With `candidate_factor` g > 1 the global selection keeps g k candidates and the k largest of their
      complete sums are applied (the others stay in the residuals). What they gain along a dense
      trajectory and in training: docs/results.md.
