@@ -113,7 +113,8 @@ def test_closed_forms_are_the_references_volumes(n, P):
         assert cost.messages == (P - 1) * (1 if name == "qsgd" else 2), name  # one allgather; two phases
     if n == 27_569_568 and P == 4:  # onebit: 2n(P-1)/P bits (chunks of whole bytes here) and 2(P-1) scales
         assert COMPRESSORS["onebit"].cost(n, 0, P).typical == 2 * n * (P - 1) / P / 32 + 2 * (P - 1)
-    assert COMPRESSORS["qsgd"].cost(1000, 0, 3, None, QSGDOptions(levels=300, bucket_size=100)).low == 2 * (2000 + 40) / 4
+    int16_levels = QSGDOptions(levels=300, bucket_size=100)
+    assert COMPRESSORS["qsgd"].cost(1000, 0, 3, None, int16_levels).low == 2 * (2000 + 40) / 4
 
 
 @pytest.mark.parametrize("name, options", [("onebit", {}), ("randomk", {"seed": 9}), ("qsgd", {"levels": 3})])

@@ -57,7 +57,8 @@ def per_entry(per_bucket: torch.Tensor, numel: int, bucket_size: int) -> torch.T
     return per_bucket.repeat_interleave(bucket_size)[:numel]
 
 
-def quantize(v: torch.Tensor, uniforms: torch.Tensor, levels: int, bucket_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(v: torch.Tensor, uniforms: torch.Tensor, levels: int,
+             bucket_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(signed levels, bucket norms) of v (module docstring)."""
     norms = bucket_norms(v, bucket_size)
     ratio = torch.full_like(norms, float(levels)).div_(torch.where(norms > 0, norms, 1.0))  # s / N: one division
