@@ -35,7 +35,8 @@ synthetic vectors it sends everything uncompressed, like dense.
 Closed forms: each algorithm's own `cost(n, k, P, shapes, options)` (4-byte words received per rank per step, k =
 round(density * n), a pair = 2 words; see its file; PowerSGD's from the shapes, not k). The measured
 column is words received per rank (mean over ranks; max over ranks in brackets); for gTopk the model
-counts the root's receives and sends together.
+counts the root's receives and sends together. When onebit ran, the table ends with the Ok-Topk density whose words
+received equal onebit's (by Ok-Topk's closed form, and by its measured words per k when it ran too).
 """
 import argparse
 import json
@@ -149,7 +150,23 @@ def table(records: list[dict], P: int, numel: int, density: float, steps: int, s
                   "i.e. 1 / its compression rate; its update itself is dense."]
     if records and records[0]["options"]:
         lines += [f"compression.options: {records[0]['options']}"]
+    lines += equal_words_density(records, P, numel, k)
     return "\n".join(lines)
+
+
+def equal_words_density(records: list[dict], P: int, numel: int, k: int) -> list[str]:
+    """The Ok-Topk density whose words received equal the 1-bit exchange's (measured, mean over ranks): from
+    Ok-Topk's measured words per selected entry when it ran here, and from its closed form 4k(P-1)/P."""
+    by_name = {r["algorithm"]: r for r in records}
+    if "onebit" not in by_name or P < 2:
+        return []
+    words = by_name["onebit"]["bytes_recv_mean"] / WORD
+    closed = words * P / (4 * (P - 1)) / numel
+    line = f"Ok-Topk at onebit's {words:,.0f} words received: density {closed:.5f} by its closed form 4k(P-1)/P"
+    if "oktopk" in by_name and by_name["oktopk"]["bytes_recv_mean"] > 0:
+        per_k = by_name["oktopk"]["bytes_recv_mean"] / WORD / k
+        line += f", {words / per_k / numel:.5f} by its measured {per_k:.3f} words per k here"
+    return ["", line]
 
 
 def main():
