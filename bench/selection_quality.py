@@ -145,11 +145,15 @@ class Oracle(Compressor):
 
 
 def residual_of(compressor: Compressor) -> torch.Tensor | None:
-    """What a compressor's rank still owes the model (a selection's memory.owed, the oracle's residual, PowerSGD's
-    error); None for dense."""
+    """What a compressor's rank still owes the model, in units of the ranks' sum (a selection's memory.owed, the
+    1-bit exchange's owed errors, the oracle's residual, PowerSGD's error); None where nothing is owed (dense, the
+    half-precision allreduces, QSGD)."""
     if isinstance(compressor, SparseCompressor):
         return compressor.memory.owed
-    return getattr(compressor, "residual", getattr(compressor, "error", None))
+    for name in ("owed", "residual", "error"):
+        if (owed := getattr(compressor, name, None)) is not None:
+            return owed
+    return None
 
 
 def applied_counter(compressor: Compressor):

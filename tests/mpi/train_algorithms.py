@@ -4,7 +4,7 @@
 
 Checks, for every algorithm: replicas stay bit-identical (the trainer's checksum every step, plus an
 independent hash of all parameters at the end, compared over ranks); after the dense warm-up the
-update is sparse (comm/dense 0, density well below 1, fewer bytes than dense) and Ok-Topk's own
+update is compressed (comm/dense 0, fewer bytes than dense; density well below 1 where it is set) and Ok-Topk's own
 figures are logged (comm/oktopk/*); optionally the loss falls.
 Once: a replica perturbed on the last rank is caught by training.replicas.check_replicas on every rank.
 Any failure aborts the whole job (non-zero exit).
@@ -44,7 +44,9 @@ def main(comm, manifests, out_dir, epochs, utterances, loss_must_fall):
             metrics = [m for m in read_metrics(Path(out_dir) / name) if m["kind"] == "train"]
             assert len(metrics) == epochs * utterances // (4 * P), (algorithm, len(metrics))
             for m in metrics[WARMUP:] if algorithm != "dense" else []:
-                assert m["comm/dense"] == 0.0 and m["comm/density"] < 0.25, (algorithm, m)
+                assert m["comm/dense"] == 0.0, (algorithm, m)
+                if COMPRESSORS[algorithm].uses_density:  # (the quantized exchanges send every entry, in fewer bits)
+                    assert m["comm/density"] < 0.25, (algorithm, m)
                 if P > 1:
                     assert m["comm/compression_ratio"] > 1.0, (algorithm, m)
                 if algorithm == "oktopk":  # the compressor's own StepStats.extra reach the log too
