@@ -1,7 +1,8 @@
 """How per-rank BatchNorm statistics change the gradient of data-parallel training, and what
 synchronized BatchNorm (model.sync_batchnorm) does about it.
 
-    .venv/bin/mpiexec -n 8 .venv/bin/python bench/bn_shards.py [--model lstman4_small] [--global-batch 16] [--ranks 1 2 4 8]
+    .venv/bin/mpiexec -n 8 .venv/bin/python bench/bn_shards.py [--model lstman4_small] [--global-batch 16] \
+        [--ranks 1 2 4 8]
 
 With P ranks each rank normalises with the statistics of its own global_batch/P utterances, so
 the averaged gradient of dense data parallelism is not the gradient of the whole global batch
@@ -80,8 +81,9 @@ def main(argv=None) -> int:
         lines = [f"{args.model}, one global batch of {len(batch)} AN4 utterances, untrained model (train mode)",
                  f"synchronized BatchNorm in one process vs per-rank BatchNorm in one process (the conv BatchNorm "
                  f"ignoring padded steps): cosine | norm ratio {compare(synced_whole, whole)}", "",
-                 "| P | utterances per rank | per-rank BatchNorm: cosine(mean of shard gradients, whole-batch gradient) "
-                 "| norm ratio | synchronized BatchNorm: cosine(averaged gradient, whole-batch gradient) | norm ratio |",
+                 "| P | utterances per rank | per-rank BatchNorm: cosine(mean of shard gradients, "
+                 "whole-batch gradient) | norm ratio | synchronized BatchNorm: cosine(averaged gradient, "
+                 "whole-batch gradient) | norm ratio |",
                  "|---|---|---|---|---|---|"]
     for P in ranks:
         per = len(batch) // P

@@ -93,7 +93,8 @@ def measure(comm, name, numel, density, steps, source, shapes, options, settle: 
     """Run `steps` steps of one algorithm; return this rank's per-step means (and the global count's mean
     over the steps from `settle` on, past the cold start of thresholds that adapt)."""
     compressor = build_compressor(name, comm, numel, density, shapes=shapes, **options)
-    from_stats = ("bytes_sent", "bytes_recv", "messages", "seconds_select", "seconds_comm", "selected_global", "selected_local")
+    from_stats = ("bytes_sent", "bytes_recv", "messages", "seconds_select", "seconds_comm", "selected_global",
+                  "selected_local")
     sums = dict.fromkeys(from_stats + ("seconds_step", "meta_bytes_recv"), 0.0)
     peak_recv = 0
     settled = []
@@ -140,8 +141,8 @@ def table(records: list[dict], P: int, numel: int, density: float, steps: int, s
         lines.append(
             f"| {r['algorithm']} | {r['bytes_recv_mean'] / WORD:,.0f} [{r['bytes_recv_max'] / WORD:,.0f}] "
             f"| {r['bytes_sent_mean'] / WORD:,.0f} | {model} | {r['formula']} | {ratio} | {r['messages']:.1f} "
-            f"| {r['selected_density']:.5f} | {settled} | {r['seconds_select_mean']:.3f} | {r['seconds_comm_mean']:.3f} "
-            f"| {r['seconds_step_mean']:.3f} |"
+            f"| {r['selected_density']:.5f} | {settled} | {r['seconds_select_mean']:.3f} "
+            f"| {r['seconds_comm_mean']:.3f} | {r['seconds_step_mean']:.3f} |"
         )
     lines += ["", "recv/model: the busiest rank's received words over the model's (upper) value. gtopk's model "
               "counts the root's receives and sends along the critical path, so its root receives exactly half."]
@@ -220,8 +221,8 @@ def main():
         print(table(records, P, args.numel, args.density, args.steps, shapes_from), flush=True)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            config = {"P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps, "seed": args.seed,
-                      "shapes": shapes_from}
+            config = {"P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps,
+                      "seed": args.seed, "shapes": shapes_from}
             args.json.write_text(json.dumps({"config": config, "records": records}, indent=1))
 
 

@@ -155,7 +155,8 @@ def accuracy_section(runs: list[dict]) -> tuple[list[str], list[str]]:
     rows = [f"| lstman4 dense, 1 process: test WER <= 0.15 | {fmt(dense_test)} "
             f"after {fmt(dense['epochs'] if dense else None, 'd')} epochs "
             f"| {verdict(None if dense_test is None else dense_test <= 0.15)} |"]
-    for name, P, precision, algorithm, slack in (("Ok-Topk", 2, "fp32", "oktopk", 5), ("Ok-Topk", 4, "fp32", "oktopk", 5),
+    for name, P, precision, algorithm, slack in (("Ok-Topk", 2, "fp32", "oktopk", 5),
+                                                 ("Ok-Topk", 4, "fp32", "oktopk", 5),
                                                  ("bf16 dense", 1, "bf16", "dense", 2)):
         run = next((r for r in runs if (r["algorithm"], r["P"], r["precision"]) == (algorithm, P, precision)
                     and not r["options"]), None)  # the algorithm itself, not a variant with options
@@ -265,11 +266,12 @@ def summary(out_dir: Path) -> str:
     lines += ["", "## Step time (bench/step_time.py), ms per step, mean over ranks", "",
               "| P | precision | algorithm | model | global batch | compute | selection | communication | other "
               "| total | (sel + comm) / compute |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    batch = {path.name: json.loads(path.read_text())["batch"]["global_batch"] for path in out_dir.glob("step_time_*.json")}
+    batch = {path.name: json.loads(path.read_text())["batch"]["global_batch"]
+             for path in out_dir.glob("step_time_*.json")}
     for r in rows:
-        lines.append(f"| {r['P']} | {r.get('precision', 'fp32')} | {r['algorithm']} | {r['model']} | {batch[r['file']]} "
-                     f"| {r['t_compute_mean'] * 1e3:.1f} | {r['t_select_mean'] * 1e3:.1f} | {r['t_comm_mean'] * 1e3:.1f} "
-                     f"| {r['t_other_mean'] * 1e3:.1f} | {r['t_step_mean'] * 1e3:.1f} "
+        lines.append(f"| {r['P']} | {r.get('precision', 'fp32')} | {r['algorithm']} | {r['model']} "
+                     f"| {batch[r['file']]} | {r['t_compute_mean'] * 1e3:.1f} | {r['t_select_mean'] * 1e3:.1f} "
+                     f"| {r['t_comm_mean'] * 1e3:.1f} | {r['t_other_mean'] * 1e3:.1f} | {r['t_step_mean'] * 1e3:.1f} "
                      f"| {r['comm_select_pct_of_compute']:.1f}% |")
     if not rows:
         lines.append("| no result | | | | | | | | | | |")
@@ -280,8 +282,9 @@ def summary(out_dir: Path) -> str:
               "| dev WER | test WER | test CER |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         lines.append(f"| {r['name']} | {r['algorithm']} | {r['P']} | {r['precision']} | {r['epochs']} | {r['steps']} "
-                     f"| {r['train_seconds']:.1f} | {fmt(r['wall_seconds'], '.1f')} | {fmt(r['samples_per_sec'], '.1f')} "
-                     f"| {fmt(r['loss'])} | {fmt(r['dev_wer'])} | {fmt(r['test_wer'])} | {fmt(r['test_cer'])} |")
+                     f"| {r['train_seconds']:.1f} | {fmt(r['wall_seconds'], '.1f')} "
+                     f"| {fmt(r['samples_per_sec'], '.1f')} | {fmt(r['loss'])} | {fmt(r['dev_wer'])} "
+                     f"| {fmt(r['test_wer'])} | {fmt(r['test_cer'])} |")
     if not runs:
         lines.append("| no result | | | | | | | | | | | | |")
 

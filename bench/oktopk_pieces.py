@@ -74,30 +74,34 @@ def main():
     merged_idx, merged_vals = sum_sorted_runs(run_idx, run_vals)
     owner_vals = merged_vals[merged_vals != 0]
     owner_t = selection.kth_largest_magnitude(owner_vals, k // P)  # this owner's share of the global selection
-    global_idx = torch.cat([merged_idx[merged_vals.abs() >= owner_t].long(), idx[idx >= region][::2]])  # ~ the allgather's
+    global_idx = torch.cat([merged_idx[merged_vals.abs() >= owner_t].long(),
+                            idx[idx >= region][::2]])  # ~ the allgather's
     near = owner_t * 1.05  # a reused threshold, 5% off
-    buf = base.pack_pairs(idx.int(), vals)
 
     def same(a, b) -> bool:
         if isinstance(a, tuple):
             return all(same(x, y) for x, y in zip(a, b))
         if isinstance(a, torch.Tensor):
-            return torch.equal(a.long() if not a.is_floating_point() else a, b.long() if not b.is_floating_point() else b)
+            return torch.equal(a.long() if not a.is_floating_point() else a,
+                               b.long() if not b.is_floating_point() else b)
         return a == b
 
     pieces = [
-        ("threshold scan", lambda: old_selection.threshold_indices(acc, t), lambda: selection.threshold_select(acc, t)[0],
+        ("threshold scan", lambda: old_selection.threshold_indices(acc, t),
+         lambda: selection.threshold_select(acc, t)[0],
          "torch nonzero over abs(acc) >= t", "numpy over cache-sized chunks"),
         ("threshold scan + values", lambda: (lambda i: (i, acc[i]))(old_selection.threshold_indices(acc, t)),
          lambda: selection.threshold_select(acc, t), "then acc[idx]", "values picked up during the scan"),
-        ("exact threshold", lambda: old_selection.topk_threshold_select(acc, k), lambda: selection.topk_threshold_select(acc, k),
+        ("exact threshold", lambda: old_selection.topk_threshold_select(acc, k),
+         lambda: selection.topk_threshold_select(acc, k),
          "sample+refine, full abs(acc) and torch scan", "sample+refine on the chunked scan"),
         ("pack + unpack", lambda: old_base.unpack_pairs(old_base.pack_pairs(idx.int(), vals), torch.int32),
          lambda: base.unpack_pairs(base.pack_pairs(idx.int(), vals), torch.int32), "byte-wide columns", "4-byte words"),
         ("merge received", lambda: old_merge(idx, run_idx.long(), run_vals),
          lambda: (lambda i, v: (i[v != 0], v[v != 0]))(*sum_sorted_runs(run_idx, run_vals)),
          "argsort + torch.unique + index_add", "one stable sort (timsort merges the runs) + index_add"),
-        ("applied", lambda: idx[old_selection.isin_sorted(idx, global_idx)], lambda: selection.intersect_unique(idx, global_idx),
+        ("applied", lambda: idx[old_selection.isin_sorted(idx, global_idx)],
+         lambda: selection.intersect_unique(idx, global_idx),
          "sort + torch.searchsorted", "one stable sort of both (a merge)"),
         ("global threshold", lambda: old_selection.kth_largest_magnitude_radix(owner_vals, k // P),
          lambda: selection.kth_largest_magnitude_radix(owner_vals, k // P, near=near, max_bins=RADIX_BINS[1]),
@@ -122,7 +126,8 @@ def main():
     print(f"| piece | {commit[:7]} | ms | now | ms | speedup | same result |")
     print("|---|---|---|---|---|---|---|")
     for name, old_how, old_ms, new_how, new_ms, equal in rows:
-        print(f"| {name} | {old_how} | {old_ms:.1f} | {new_how} | {new_ms:.1f} | {old_ms / new_ms:.1f}x | {'yes' if equal else 'NO'} |")
+        print(f"| {name} | {old_how} | {old_ms:.1f} | {new_how} | {new_ms:.1f} | {old_ms / new_ms:.1f}x "
+              f"| {'yes' if equal else 'NO'} |")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ def export_baseline(commit: str, into: Path) -> str:
                              capture_output=True)
     if archive.returncode != 0:
         raise SystemExit(f"oktopk_vs_baseline: commit {commit} has no top-level compression/ and comm/ "
-                         f"(only the flat layout of 98e56a1 and earlier is supported): {archive.stderr.decode().strip()}")
+                         f"(only the flat layout of 98e56a1 and earlier is supported): "
+                         f"{archive.stderr.decode().strip()}")
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")
     return full.stdout.strip()

@@ -12,8 +12,8 @@ and the step time is t_compute(P) + t_selection + t_comm(P) (the trainer exchang
 backward pass, without overlap). Speedup = dense step time / algorithm step time at the same P.
 
 Volumes and message counts (per rank per step, application level as comm/communicator.py counts them):
-each algorithm's own closed form, `Cost.typical` and `Cost.messages` of its `cost(n, k, P, shapes, options)` (DESIGN 4 and
-Li & Hoefler, PPoPP'22, Table 1; see the algorithm's file), n = numel, k = round(density * n):
+each algorithm's own closed form, `Cost.typical` and `Cost.messages` of its `cost(n, k, P, shapes, options)`
+(DESIGN 4 and Li & Hoefler, PPoPP'22, Table 1; see the algorithm's file), n = numel, k = round(density * n):
     dense      ring allreduce 2n(P-1)/P words; topka 2k(P-1); gaussiank 2k(P-1); gtopk 4k ceil(log2 P);
     topkdsa    reduce-scatter 2k(P-1)/P + allgather of the union of independent selections (dense past n/3);
     oktopk     split-reduce 2k(P-1)/P + balanced allgatherv 2k(P-1)/P = 4k(P-1)/P (bounds 2k..6k (P-1)/P);
@@ -132,7 +132,8 @@ def load_measured(path: str | Path) -> list[Measured]:
     if isinstance(data, dict):
         data = data.get("records")
     if not isinstance(data, list):
-        raise SystemExit(f"project_scaling: {path}: expected {{'records': [...]}} as bench/comm_volume.py --json writes")
+        raise SystemExit(f"project_scaling: {path}: expected {{'records': [...]}} as bench/comm_volume.py "
+                         "--json writes")
     out = []
     for i, rec in enumerate(data):
         where = f"{path} record {i}"
@@ -461,8 +462,8 @@ def main(argv=None) -> int:
               f"* = measured point.\n")
     if "powersgd" in args.algorithms:
         shapes = parameter_shapes(args.numel)
-        header += (f"PowerSGD: options {options.get('powersgd') or 'defaults'}, "
-                   f"{f'{len(shapes)} parameter tensors' if shapes else 'one vector (no registered model has this size)'}"
+        tensors = f"{len(shapes)} parameter tensors" if shapes else "one vector (no registered model has this size)"
+        header += (f"PowerSGD: options {options.get('powersgd') or 'defaults'}, {tensors}"
                    f"; its volume ignores the density.\n")
     sections = [header, "## Communication per step (ms)\n", pivot_markdown(df, "comm_ms", ".2f"),
                 "## Step time (ms)\n", pivot_markdown(df, "step_ms", ".1f")]

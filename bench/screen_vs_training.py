@@ -66,21 +66,25 @@ def pct(mean: float, low: float, high: float) -> str:
 
 def report(trajectories: pd.DataFrame, window: int) -> str:
     figure = f"cos_disp_W{window}"
-    lines = [f"| cell | exchange | trajectories | screen: 1 - cos(displacement over {window} steps) | screen: 1 - cos(step) "
-             "| training: test WER vs dense | training: last-epoch loss vs dense |", "|---|---|---|---|---|---|---|"]
+    lines = [f"| cell | exchange | trajectories | screen: 1 - cos(displacement over {window} steps) "
+             "| screen: 1 - cos(step) | training: test WER vs dense | training: last-epoch loss vs dense |",
+             "|---|---|---|---|---|---|---|"]
     by_cell = {}
     for cell in CELLS:
         for label, run in cell.runs.items():
-            shortfall, step = screened(trajectories, cell, label, figure), screened(trajectories, cell, label, "cos_step")
+            shortfall, step = (screened(trajectories, cell, label, figure),
+                               screened(trajectories, cell, label, "cos_step"))
             if not shortfall:
                 continue
             wer, loss = trained(cell, run, "test_wer"), trained(cell, run, "last_epoch_loss")
             by_cell.setdefault(cell.name, {})[label] = (shortfall, loss)
-            lines.append(f"| {cell.name} | {label} | {len(shortfall)} | {si.interval_text(list(shortfall.values()), 4)} | "
+            lines.append(f"| {cell.name} | {label} | {len(shortfall)} | "
+                         f"{si.interval_text(list(shortfall.values()), 4)} | "
                          f"{si.interval_text(list(step.values()), 4)} | {pct(*wer[:3])} ({wer[3]}) | "
                          f"{pct(*loss[:3])} ({loss[3]}) |")
     lines += ["", "Within a cell (complete_values against Ok-Topk): the screen's paired difference of shortfalls over "
-              "trajectories, and the training's difference of mean loss gaps (negative: complete_values closer to dense):",
+              "trajectories, and the training's difference of mean loss gaps (negative: complete_values closer "
+              "to dense):",
               ""]
     for name, rows in by_cell.items():
         if {"oktopk", "complete_values"} <= set(rows):

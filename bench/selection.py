@@ -16,8 +16,8 @@ threshold (the k-th largest |x|). Exact methods:
 and the in-between step of Ok-Topk, threshold reuse: compare + nonzero + count with a known
 threshold (the floor for any method that returns indices: one pass over x).
 Each row is the median of --repeats timed runs (after one untimed warm-up run; the methods take
-turns within each repeat); ratios are torch.topk's median / the method's median, same run. Every exact method's threshold is
-checked equal to torch.topk's.
+turns within each repeat); ratios are torch.topk's median / the method's median, same run. Every exact
+method's threshold is checked equal to torch.topk's.
 
 Data: heavy-tailed like a gradient: 40 "layers" of seeded sizes with log-uniform scales over three
 decades, times Student-t (3 degrees of freedom) entries.

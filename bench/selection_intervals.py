@@ -76,8 +76,9 @@ def over_seeds_markdown(table: pd.DataFrame) -> str:
              "|---|---|---|---|---|---|---|---|---|" + "---|" * len(windows)]
     for _, r in table.iterrows():
         density = "-" if isinstance(r["density"], float) and math.isnan(r["density"]) else f"{r['density']:g}"
-        lines.append(f"| {r['global_batch']} | {r['algorithm']} | {r['P']} | {density} | {r['n']} | {r['cos_update']} | "
-                     f"{r['cos_step']} | {r['owed']} | {r['gap']} |" + "".join(f" {r[c]} |" for c in windows))
+        lines.append(f"| {r['global_batch']} | {r['algorithm']} | {r['P']} | {density} | {r['n']} | "
+                     f"{r['cos_update']} | {r['cos_step']} | {r['owed']} | {r['gap']} |"
+                     + "".join(f" {r[c]} |" for c in windows))
     return "\n".join(lines)
 
 

@@ -243,7 +243,8 @@ class SimulatedRanks:
         for algorithm in algorithms:
             own = [algorithm.density] if algorithm.density is not None else densities
             for density in own if algorithm.uses_density else [None]:
-                compressors = [make_compressor(algorithm, comm, numel, density, shapes, cfg) for comm in self.group.comms]
+                compressors = [make_compressor(algorithm, comm, numel, density, shapes, cfg)
+                               for comm in self.group.comms]
                 self.runs.append(Run(algorithm, density, compressors, [applied_counter(c) for c in compressors]))
 
     def step(self, grads: list[torch.Tensor], params: torch.Tensor) -> list[RunStep]:
@@ -331,8 +332,8 @@ def measure(run: Run, result: RunStep, reference: torch.Tensor, reference_moment
         updated = result.stats[0].selected_global
         contributors = sum(applied) / updated if updated else math.nan
     return {"algorithm": run.algorithm.label, "P": P, "density": run.density if run.density is not None else math.nan,
-            "cos_update": cos_update, "along": along, "cos_momentum": cos_momentum, "cos_step": cosine(step, dense_step),
-            "owed": owed,
+            "cos_update": cos_update, "along": along, "cos_momentum": cos_momentum,
+            "cos_step": cosine(step, dense_step), "owed": owed,
             "applied": share, "contributors": contributors,
             "words": float(np.mean([s.bytes_recv for s in result.stats])) / WORD,
             "update_entries": result.stats[0].selected_global, "k": result.stats[0].k,
@@ -362,7 +363,8 @@ class Displacements:
         """cos(key's displacement, dense's) and ||key's|| / ||dense's|| over the window of W just ended."""
         mine, dense = self.sums[key, W], self.sums[dense_key, W]
         dense_norm = norm(dense)
-        return {f"cos_disp_W{W}": cosine(mine, dense), f"norm_disp_W{W}": norm(mine) / dense_norm if dense_norm else 0.0}
+        return {f"cos_disp_W{W}": cosine(mine, dense),
+                f"norm_disp_W{W}": norm(mine) / dense_norm if dense_norm else 0.0}
 
     def restart(self, W: int) -> None:
         for key in [key for key in self.sums if key[1] == W]:
@@ -596,8 +598,8 @@ def summarise(steps: pd.DataFrame) -> pd.DataFrame:
     keys = ["algorithm", "P", "density"]
     order = {label: i for i, label in enumerate(dict.fromkeys(steps["algorithm"]))}
     grouped = steps.groupby(keys, dropna=False, sort=False)
-    figures = ["cos_update", "along", "cos_momentum", "cos_step", "owed", "applied", "contributors", "words", "update_entries", "k",
-               *window_columns(steps)]
+    figures = ["cos_update", "along", "cos_momentum", "cos_step", "owed", "applied", "contributors", "words",
+               "update_entries", "k", *window_columns(steps)]
     summary = grouped[figures].mean().add_suffix("_mean").join(grouped[figures].last().add_suffix("_last"))
     summary["steps"] = grouped.size()
     summary = summary.reset_index()
@@ -723,7 +725,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--memory", action="append", default=[], metavar="ALGORITHM:MEMORY",
                         help=f"one more row family: ALGORITHM with another memory ({', '.join(MEMORIES)}), labelled "
                         "ALGORITHM+MEMORY (repeatable)")
-    parser.add_argument("--dgc", action="append", default=[], metavar="ALGORITHM", help="the same as --memory ALGORITHM:dgc")
+    parser.add_argument("--dgc", action="append", default=[], metavar="ALGORITHM",
+                        help="the same as --memory ALGORITHM:dgc")
     parser.add_argument("--windows", type=int, nargs="+", default=[10, 50], metavar="W",
                         help="displacement windows, in sparse steps (default 10 50)")
     parser.add_argument("--global-batch", type=int,
@@ -733,11 +736,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "every step's figures (.csv)")
     parser.add_argument("--log-every", type=int, default=10, help="progress line every N steps (0: none)")
     parser.add_argument("--seeds", type=int, nargs="+", metavar="S",
-                        help="one trajectory per seed (its initial model, data order and masks): every figure as a mean "
-                        "with its 95%% interval over them, and each algorithm's gap to the oracle (bench/selection_intervals.py)")
+                        help="one trajectory per seed (its initial model, data order and masks): every figure as a "
+                        "mean with its 95%% interval over them, and each algorithm's gap to the oracle "
+                        "(bench/selection_intervals.py)")
     parser.add_argument("--per-rank", type=int, nargs="+", metavar="U",
-                        help="the grid: every P of --ranks x U utterances per rank (global batch P x U, one trajectory per "
-                        "global batch and seed), the cells compared seed by seed")
+                        help="the grid: every P of --ranks x U utterances per rank (global batch P x U, one trajectory "
+                        "per global batch and seed), the cells compared seed by seed")
     parser.add_argument("--checkpoint", help="start from this training checkpoint (a run directory or one of its "
                         "checkpoints): its model, momentum and place in the learning-rate schedule, instead of a fresh "
                         "model; the config must name the same model and optim settings as the run's")
@@ -774,7 +778,8 @@ def settings_from(args, cfg) -> tuple[Settings, str]:
     configured = cfg.train.global_batch_size or cfg.train.batch_per_rank * ranks[-1]
     if args.per_rank is not None:
         if args.global_batch is not None or min(args.per_rank) < 1:
-            raise ValueError("--per-rank takes utterances per rank >= 1 and sets the global batches itself (no --global-batch)")
+            raise ValueError("--per-rank takes utterances per rank >= 1 and sets the global batches itself "
+                             "(no --global-batch)")
         batch, note = lcm * max(args.per_rank), "--per-rank: P x U per cell"
     elif args.global_batch is not None:
         if args.global_batch % lcm:
@@ -876,10 +881,11 @@ def over_trajectories(args, cfg, s: Settings, start, header: list[str], t_start:
                 for density in s.densities:
                     parts.append(si.grid_markdown(trajectories, label, density))
     wall = time.perf_counter() - t_start
-    footer = (f"{len(frames)} trajectories ({len(batches)} global batches x {len(seeds)} seeds); wall time: {wall:.0f} s "
-              f"({wall / 60:.1f} min), CPU time {time.process_time():.0f} s (all threads); load average "
-              f"{os.getloadavg()[0]:.1f} at the end. Each figure: its mean over a trajectory's sparse steps, then the mean "
-              f"over trajectories with its 95% Student-t interval; the gap to the oracle is taken within each trajectory.")
+    footer = (f"{len(frames)} trajectories ({len(batches)} global batches x {len(seeds)} seeds); wall time: "
+              f"{wall:.0f} s ({wall / 60:.1f} min), CPU time {time.process_time():.0f} s (all threads); load average "
+              f"{os.getloadavg()[0]:.1f} at the end. Each figure: its mean over a trajectory's sparse steps, then the "
+              f"mean over trajectories with its 95% Student-t interval; the gap to the oracle is taken within each "
+              f"trajectory.")
     text = "\n".join(header) + "\n\n" + "\n\n".join(parts) + "\n\n" + footer + "\n"
     print("\n" + text)
     if args.out is not None:

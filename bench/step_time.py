@@ -113,7 +113,8 @@ def header(machine: dict, batch: dict, args, P: int) -> str:
     lines = [
         f"# Step time per algorithm: {args.model}, P = {P}, density {args.density}, "
         f"{args.steps} measured steps after {args.warmup} discarded",
-        f"machine: {machine['host']}, {machine['cpu_model']}, {machine['cpus']} CPUs ({machine['usable_cpus']} usable), "
+        f"machine: {machine['host']}, {machine['cpu_model']}, {machine['cpus']} CPUs "
+        f"({machine['usable_cpus']} usable), "
         f"{machine['ranks_per_node']} rank(s) on this node x {machine['threads_per_rank']} torch thread(s), "
         f"device {machine['device']}, torch {machine['torch']}; 1-min load average at the start "
         f"{machine['load_average_1min']:.2f}"
@@ -131,8 +132,9 @@ def header(machine: dict, batch: dict, args, P: int) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| algorithm | P | model | parameters | compute s/step [max rank] | selection s/step | communication s/step "
-             "| other s/step | total s/step [max rank] | (comm+sel)/compute | recv bytes/step | threads/rank | device |",
+    lines = ["| algorithm | P | model | parameters | compute s/step [max rank] | selection s/step "
+             "| communication s/step | other s/step | total s/step [max rank] | (comm+sel)/compute | recv bytes/step "
+             "| threads/rank | device |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
