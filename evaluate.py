@@ -46,7 +46,8 @@ def at_least(low: int):
 
 
 def load_model(path, device):
-    """The model of a checkpoint (its shared file only, verified against the checkpoint's index) and that file's content."""
+    """The model of a checkpoint (its shared file only, verified against the checkpoint's index) and that file's
+    content."""
     from sparse_asr.models import build_model
     from sparse_asr.training.checkpoint import load_shared
 

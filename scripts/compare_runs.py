@@ -642,7 +642,8 @@ def main(argv=None) -> int:
                         help="a config key (e.g. distributed.world_size) whose value each run's label carries "
                              "(oktopk@world_size=2): runs of one algorithm from different cells side by side")
     parser.add_argument("--spread", action="store_true",
-                        help="also write spread.{csv,md}: per label, the runs left on CTC's plateau and test WER's spread")
+                        help="also write spread.{csv,md}: per label, the runs left on CTC's plateau and test WER's "
+                             "spread")
     args = parser.parse_args(argv)
 
     runs = [load_run(d) for d in args.run_dirs]

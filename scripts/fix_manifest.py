@@ -29,7 +29,8 @@ def main(argv=None) -> int:
     parser.add_argument("--new-root", help="what replaces --old-root")
     parser.add_argument("--search-root", help="find files that still do not exist by file name under this directory")
     parser.add_argument("--out", help="write the repaired manifest here (default: replace the input)")
-    parser.add_argument("--allow-missing", action="store_true", help="write even if some files cannot be found (exit 0)")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="write even if some files cannot be found (exit 0)")
     parser.add_argument("--check", action="store_true", help="only report missing files; write nothing")
     args = parser.parse_args(argv)
     if (args.old_root is None) != (args.new_root is None):
@@ -55,7 +56,8 @@ def main(argv=None) -> int:
     if args.check:
         return 1 if report.unresolved and not args.allow_missing else 0
     if report.unresolved and not args.allow_missing:
-        print(f"nothing written: {len(report.unresolved)} files not found (pass --allow-missing to write anyway)", file=sys.stderr)
+        print(f"nothing written: {len(report.unresolved)} files not found (pass --allow-missing to write anyway)",
+              file=sys.stderr)
         return 1
     out = Path(args.out) if args.out else raw.path
     written = write_raw(fixed, out)

@@ -217,7 +217,8 @@ class Communicator:
         out = self._empty(int(recv_counts.sum()), t)
         sdispl = np.concatenate([[0], np.cumsum(send_counts[:-1])]).astype(np.int64)
         rdispl = np.concatenate([[0], np.cumsum(recv_counts[:-1])]).astype(np.int64)
-        self._comm.Alltoallv([self._buf(host), (np.asarray(send_counts), sdispl)], [self._buf(out), (recv_counts, rdispl)])
+        self._comm.Alltoallv([self._buf(host), (np.asarray(send_counts), sdispl)],
+                             [self._buf(out), (recv_counts, rdispl)])
         item = t.element_size()
         r = self.rank
         sent = (sum(send_counts) - send_counts[r]) * item

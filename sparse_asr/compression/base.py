@@ -8,8 +8,8 @@ Every compressor has the same constructor, `Cls(comm, numel, density, device=...
 `shapes` are the parameters' shapes in flat-buffer order (only algorithms that work per tensor look at
 them) and `options` are the algorithm's own settings (compression.options.* in a config), declared as the
 fields of its `Options` dataclass with the same `setting(default, rule, must)` as the rest of the config and
-checked by the same checker (sparse_asr/settings.py), for the constructor and the config loader alike. Each algorithm also states its closed-form volume (`cost`), which the benchmarks
-and the tests use.
+checked by the same checker (sparse_asr/settings.py), for the constructor and the config loader alike. Each
+algorithm also states its closed-form volume (`cost`), which the benchmarks and the tests use.
 
 Sparse algorithms only implement `exchange(acc)`: given the accumulated gradient
 acc = grad + residual, select, communicate, and say which global entries get which summed value
@@ -223,7 +223,8 @@ class SparseCompressor(Compressor):
         super().__init__(*args, **kwargs)
         self.memory = memory if memory is not None else ErrorFeedback(self.numel, self.device)
         if self.memory.owed.numel() != self.numel:
-            raise ValueError(f"{self.name}: memory holds {self.memory.owed.numel()} entries, the gradient has {self.numel}")
+            raise ValueError(f"{self.name}: memory holds {self.memory.owed.numel()} entries, the gradient has "
+                             f"{self.numel}")
         self.index_dtype = torch.int32 if self.numel < 2**31 else torch.int64
 
     @property

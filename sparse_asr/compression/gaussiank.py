@@ -25,7 +25,8 @@ from sparse_asr.settings import natural, setting
 
 @dataclass(frozen=True)
 class GaussiankOptions:
-    tolerance: float = setting(2.0, lambda v: v >= 1, "must be >= 1")  # a count in [k / tolerance, k * tolerance] is accepted
+    # a count in [k / tolerance, k * tolerance] is accepted
+    tolerance: float = setting(2.0, lambda v: v >= 1, "must be >= 1")
     max_adjust: int = setting(4, natural, "must be >= 0")  # threshold corrections at most per step
 
 

@@ -58,7 +58,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sparse_asr.compression.base import Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, pair_bytes, unpack_pairs
+from sparse_asr.compression.base import (Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, pair_bytes,
+                                         unpack_pairs)
 from sparse_asr.compression.selection import (intersect_unique, kth_largest_magnitude_radix, threshold_indices,
                                               threshold_select, topk_indices, topk_threshold_select)
 from sparse_asr.settings import between, positive, setting, tie

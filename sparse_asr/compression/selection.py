@@ -70,7 +70,8 @@ def threshold_indices_torch(x: torch.Tensor, threshold: float) -> torch.Tensor:
     return torch.nonzero(x.abs() >= threshold, as_tuple=False).flatten()
 
 
-def threshold_scan_cpu(x: torch.Tensor, threshold: float, with_values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def threshold_scan_cpu(x: torch.Tensor, threshold: float,
+                       with_values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """threshold_select for a 1-D CPU tensor: numpy over chunks, so |x| and the mask are never
     materialised at full size (a python float threshold compares in x's precision, as in torch).
     Returns (indices, values or None)."""

@@ -96,7 +96,8 @@ def download(url: str, data_dir: Path) -> Path:
         _check_gzip_tar(Path(tmp))
         os.replace(tmp, target)
     except OSError as e:
-        raise An4Error(f"could not download {url}: {e}. Without internet, pass --source path/to/an4_sphere.tar.gz") from None
+        raise An4Error(f"could not download {url}: {e}. Without internet, pass --source "
+                       "path/to/an4_sphere.tar.gz") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -161,7 +162,8 @@ def copy_license(root: Path, data_dir: Path) -> Path | None:
             if not target.is_file() or target.read_bytes() != notice.read_bytes():
                 shutil.copyfile(notice, target)
             return target
-    log(f"WARNING: no AN4 licence notice found ({SHARED_LICENSE} or {root / 'LICENSE'}); AN4 requires keeping CMU's notice")
+    log(f"WARNING: no AN4 licence notice found ({SHARED_LICENSE} or {root / 'LICENSE'}); AN4 requires keeping "
+        "CMU's notice")
     return None
 
 
@@ -216,9 +218,12 @@ def read_split(root: Path, split: str) -> tuple[pd.DataFrame, list[str]]:
             continue
         records.append((str(audio), samples / SAMPLE_RATE, texts[utt], utt, speaker))
     listed_utts = {Path(entry).name for entry in listed}
-    problems += [f"{split}: transcript without audio: {utt} (not in an4_{split}.fileids)" for utt in sorted(set(texts) - listed_utts)]
-    problems += [f"{split}: utterance without transcript: {p} (audio not in an4_{split}.fileids)" for utt, p in sorted(on_disk.items()) if utt not in listed_utts]
-    return pd.DataFrame.from_records(records, columns=["audio", "duration", "transcript", "utt_id", "speaker"]), problems
+    problems += [f"{split}: transcript without audio: {utt} (not in an4_{split}.fileids)"
+                 for utt in sorted(set(texts) - listed_utts)]
+    problems += [f"{split}: utterance without transcript: {p} (audio not in an4_{split}.fileids)"
+                 for utt, p in sorted(on_disk.items()) if utt not in listed_utts]
+    return (pd.DataFrame.from_records(records, columns=["audio", "duration", "transcript", "utt_id", "speaker"]),
+            problems)
 
 
 def split_dev(train: pd.DataFrame, fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -267,10 +272,13 @@ def prepare_an4(source: str = URL, data_dir="datasets", manifest_dir="manifests"
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", default=URL, help="URL, an4_sphere.tar.gz, or extracted an4/ directory (default: %(default)s)")
+    parser.add_argument("--source", default=URL,
+                        help="URL, an4_sphere.tar.gz, or extracted an4/ directory (default: %(default)s)")
     parser.add_argument("--data-dir", default="datasets", help="where the corpus is extracted (default: %(default)s)")
-    parser.add_argument("--manifest-dir", default="manifests", help="where the manifests are written (default: %(default)s)")
-    parser.add_argument("--dev-fraction", type=float, default=0.1, help="share of training utterances held out, by speaker")
+    parser.add_argument("--manifest-dir", default="manifests",
+                        help="where the manifests are written (default: %(default)s)")
+    parser.add_argument("--dev-fraction", type=float, default=0.1,
+                        help="share of training utterances held out, by speaker")
     parser.add_argument("--seed", type=int, default=0, help="seed of the dev speaker choice (changing it changes dev)")
     args = parser.parse_args(argv)
     try:

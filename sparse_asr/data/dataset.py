@@ -93,7 +93,8 @@ class Batch:
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return Batch(move(self.features), move(self.feature_lengths), move(self.targets), move(self.target_lengths), self.indices)
+        return Batch(move(self.features), move(self.feature_lengths), move(self.targets), move(self.target_lengths),
+                     self.indices)
 
     def pin_memory(self) -> "Batch":  # called by DataLoader(pin_memory=True)
         return Batch(self.features.pin_memory(), self.feature_lengths.pin_memory(), self.targets.pin_memory(),
@@ -139,10 +140,12 @@ class BucketingSampler(torch.utils.data.Sampler):
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1} (world_size {world_size})")
         if global_batch_size < 1 or global_batch_size % world_size:
-            raise ValueError(f"global_batch_size {global_batch_size} must be a positive multiple of world_size {world_size}")
+            raise ValueError(f"global_batch_size {global_batch_size} must be a positive multiple of world_size "
+                             f"{world_size}")
         self.durations = np.asarray(durations, dtype=float)
         if drop_last and len(self.durations) < global_batch_size:
-            raise ValueError(f"only {len(self.durations)} utterances: not one full global batch of {global_batch_size} (drop_last=True)")
+            raise ValueError(f"only {len(self.durations)} utterances: not one full global batch of {global_batch_size} "
+                             "(drop_last=True)")
         self.global_batch_size = global_batch_size
         self.rank, self.world_size = rank, world_size
         if sorted_epochs < 0:
@@ -198,7 +201,8 @@ class TrainingData:
     sampler: BucketingSampler
 
 
-def make_loader(dataset: SpeechDataset, sampler: BucketingSampler, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
+def make_loader(dataset: SpeechDataset, sampler: BucketingSampler, num_workers: int = 0,
+                pin_memory: bool = False) -> DataLoader:
     """DataLoader that runs `sampler`'s batches through `collate`. Batches of a dataset cached on a GPU are
     there already (pinning is for host memory only)."""
     on_host = dataset.cache is None or dataset.cache_device.type == "cpu"

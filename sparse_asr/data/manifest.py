@@ -235,7 +235,8 @@ def write_manifest(df: pd.DataFrame, path, relative: bool = True) -> bool:
 
 def write_raw(raw: RawManifest, path) -> bool:
     """Write rows in the manifest's own format (header for ours, none for legacy), atomically."""
-    return write_text_atomic(path, _csv_text([fields for _, fields in raw.rows], header=COLUMNS if raw.format == OURS else None))
+    return write_text_atomic(path, _csv_text([fields for _, fields in raw.rows],
+                                             header=COLUMNS if raw.format == OURS else None))
 
 
 # ---------------------------------------------------------------- fixing paths
@@ -282,7 +283,8 @@ def find_by_name(path: str, index: dict[str, list[str]]) -> tuple[str | None, st
         return candidates[0], ""
     scored = sorted(((_common_suffix_parts(path, c), c) for c in candidates), reverse=True)
     if scored[0][0] == scored[1][0]:
-        return None, f"ambiguous: {len(candidates)} files named {os.path.basename(path)!r}, e.g. {scored[0][1]} and {scored[1][1]}"
+        return None, (f"ambiguous: {len(candidates)} files named {os.path.basename(path)!r}, e.g. {scored[0][1]} "
+                      f"and {scored[1][1]}")
     return scored[0][1], ""
 
 
@@ -295,7 +297,8 @@ class FixReport:
     unresolved: list[tuple[int, str, str]] = field(default_factory=list)  # (line, path, reason)
 
 
-def fix_paths(raw: RawManifest, out_path=None, old_root=None, new_root=None, index=None) -> tuple[RawManifest, FixReport]:
+def fix_paths(raw: RawManifest, out_path=None, old_root=None, new_root=None,
+              index=None) -> tuple[RawManifest, FixReport]:
     """Repair every path of `raw` (both paths of a legacy row): first replace the prefix old_root ->
     new_root, then, if the file still does not exist and an `index` (from build_index) is given,
     look it up by name. Every row is kept; rows whose file cannot be found keep their best-guess

@@ -16,7 +16,8 @@ def text_to_ids(text: str) -> list[int]:
     for position, char in enumerate(text.upper()):
         index = _INDEX.get(char)
         if index is None or index == BLANK:
-            raise ValueError(f"character {char!r} at position {position} of {text!r} is not one of the labels {LABELS[1:]!r}")
+            raise ValueError(f"character {char!r} at position {position} of {text!r} is not one of the labels "
+                             f"{LABELS[1:]!r}")
         ids.append(index)
     return ids
 

@@ -402,7 +402,8 @@ def check_state_fits(what: str, expected: dict, got: dict, prefix: str = "") -> 
     if missing or unexpected:
         raise CheckpointError(f"the checkpoint's {what} state does not fit this run: "
                               + "; ".join(f"{label} {', '.join(prefix + str(k) for k in keys)}"
-                                          for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys))
+                                          for label, keys in (("missing", missing), ("unexpected", unexpected))
+                                          if keys))
     for key, value in expected.items():
         if isinstance(value, dict) and isinstance(got[key], dict):
             check_state_fits(what, value, got[key], f"{prefix}{key}.")

@@ -292,7 +292,8 @@ def _one_batch_size(cfg: Config, raw: dict, where) -> Config:
     t = cfg.train
     if t.batch_per_rank is None:
         if t.global_batch_size is None:
-            raise ConfigError(f"{where('train.global_batch_size')}: set train.global_batch_size or train.batch_per_rank")
+            raise ConfigError(f"{where('train.global_batch_size')}: set train.global_batch_size or "
+                              "train.batch_per_rank")
         return cfg
     if raw.get("train", {}).get("global_batch_size") is not None:
         raise ConfigError(f"train.global_batch_size ({where('train.global_batch_size')}) and train.batch_per_rank "

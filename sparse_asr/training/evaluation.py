@@ -53,6 +53,7 @@ def evaluate(model, dataset, comm, device, global_batch_size: int = 32, num_work
         rows = [row for part in gathered for row in part] if comm.rank == 0 else []
     if keep_emissions:
         gathered = comm.gather_object(emissions, root=0)
-        emissions = sorted((pair for part in gathered for pair in part), key=lambda pair: pair[0]) if comm.rank == 0 else []
+        emissions = (sorted((pair for part in gathered for pair in part), key=lambda pair: pair[0])
+                     if comm.rank == 0 else [])
         emissions = [(dataset.utt_ids[i], log_probs) for i, log_probs in emissions]
     return EvalResult(totals.summary(), totals.utts, rows, emissions)

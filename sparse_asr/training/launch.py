@@ -193,8 +193,8 @@ def bare_trainer(cfg: Config, comm, model: torch.nn.Module, train: SpeechDataset
     (a disabled logger), the configured warm-up resolved as for a run of this data."""
     sampler = make_sampler(cfg, comm, train)
     warmup = configured_warmup(cfg, sampler)
-    return Trainer(cfg, comm, model, make_compressor(cfg, comm, model, device, warmup), TrainingData(train, None, None, sampler),
-                   device, RunLogger(cfg.run_dir, enabled=False))
+    return Trainer(cfg, comm, model, make_compressor(cfg, comm, model, device, warmup),
+                   TrainingData(train, None, None, sampler), device, RunLogger(cfg.run_dir, enabled=False))
 
 
 def start_run(cfg: Config, comm, resume: str | Located | None = None, overwrite: bool = False) -> Trainer:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from sparse_asr.fileio import open_no_follow
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "provenance.jsonl")  # what train.py writes, besides the event files
+# what train.py writes, besides the event files
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "provenance.jsonl")
 EVENT_FILES = "events.out.tfevents.*"
 
 
