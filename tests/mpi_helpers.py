@@ -21,5 +21,6 @@ def run_mpi(nprocs: int, args: list[str], timeout: float = 300, env: dict | None
 def check_mpi(nprocs: int, args: list[str], timeout: float = 300, env: dict | None = None) -> str:
     """Like run_mpi, but fails the test (showing both streams) unless every rank exits 0."""
     proc = run_mpi(nprocs, args, timeout=timeout, env=env)
-    assert proc.returncode == 0, f"mpiexec -n {nprocs} {' '.join(args)} failed ({proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    assert proc.returncode == 0, (f"mpiexec -n {nprocs} {' '.join(args)} failed ({proc.returncode})\n"
+                                  f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     return proc.stdout

@@ -380,7 +380,8 @@ def oktopk_expected(accs, k, density, options, step):
 
 def cltk_expected(accs, k, density, options, step):
     total, indices, applied = cltk_reference(accs, k, step)
-    return Expected(total, indices, applied, cltk_bytes(indices.size, len(accs), step), {"leader": float(step % len(accs))})
+    return Expected(total, indices, applied, cltk_bytes(indices.size, len(accs), step),
+                    {"leader": float(step % len(accs))})
 
 
 def powersgd_expected(accs, k, density, options, step):

@@ -144,8 +144,8 @@ def test_seeds_run_every_algorithm_at_every_seed(tmp_path):
     # --seed S keeps the plain names; no seed at all leaves the config's
     proc = accuracy_sh("-a", "dense topka", "--seed", "7", "-o", out, "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert [(" name=dense " in l, " name=topka " in l, l.endswith(" seed=7")) for l in proc.stdout.splitlines()] == [
-        (True, False, True), (False, True, True)]
+    assert [(" name=dense " in line, " name=topka " in line, line.endswith(" seed=7"))
+            for line in proc.stdout.splitlines()] == [(True, False, True), (False, True, True)]
     proc = accuracy_sh("-a", "dense", "-o", out, "--dry-run")
     assert proc.returncode == 0 and " seed=" not in proc.stdout and " name=dense " in proc.stdout, proc.stdout
 

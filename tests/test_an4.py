@@ -34,7 +34,8 @@ def test_counts_speakers_and_dev_split(an4_manifests):
         # utterance ids name their speaker: an251-fash-b is speaker fash
         assert all(f"-{speaker}-" in utt for utt, speaker in zip(df["utt_id"], df["speaker"]))
     # transcripts as in the corpus files, markers stripped
-    first = train.set_index("utt_id").loc["an251-fash-b"] if "an251-fash-b" in set(train["utt_id"]) else dev.set_index("utt_id").loc["an251-fash-b"]
+    first = (train.set_index("utt_id").loc["an251-fash-b"] if "an251-fash-b" in set(train["utt_id"])
+             else dev.set_index("utt_id").loc["an251-fash-b"])
     assert first["transcript"] == "YES" and first["duration"] == 1.0  # 16000 samples at 16 kHz
     assert test.set_index("utt_id").loc["an406-fcaw-b", "transcript"] == "RUBOUT G M E F THREE NINE"
 

@@ -311,7 +311,8 @@ def test_sampler_shares_are_disjoint_equal_and_independent_of_world_size():
         assert all(len(b) == 12 // world_size for batches in per_rank for b in batches)
         flat = [i for batches in per_rank for b in batches for i in b]
         assert len(flat) == len(set(flat)) == 103 // 12 * 12  # disjoint, remainder dropped
-        global_batches = [frozenset().union(*(per_rank[r][step] for r in range(world_size))) for step in range(len(per_rank[0]))]
+        global_batches = [frozenset().union(*(per_rank[r][step] for r in range(world_size)))
+                          for step in range(len(per_rank[0]))]
         reference = reference or global_batches
         assert global_batches == reference
     # bucketing: a global batch holds neighbours in duration order
@@ -356,7 +357,8 @@ def test_sampler_sortagrad_epochs_run_shortest_first():
         for epoch in (0, 1):
             sorted_run = rank_batches(DURATIONS, world_size, epoch=epoch, global_batch_size=12, seed=5, sorted_epochs=2)
             shuffled = rank_batches(DURATIONS, world_size, epoch=epoch, global_batch_size=12, seed=5)
-            merged = lambda per_rank: [sorted(i for r in per_rank for i in r[step]) for step in range(len(per_rank[0]))]
+            def merged(per_rank):
+                return [sorted(i for r in per_rank for i in r[step]) for step in range(len(per_rank[0]))]
             assert sorted(merged(sorted_run)) == sorted(merged(shuffled))
             longest = [DURATIONS[batch].max() for batch in merged(sorted_run)]
             assert longest == sorted(longest) and merged(sorted_run) != merged(shuffled)

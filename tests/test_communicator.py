@@ -20,7 +20,8 @@ def test_communicator_under_mpiexec(nprocs):
 def test_communicator_one_process_without_mpiexec(flags):
     """P = 1 works when started as a plain `python` (MPI singleton) and when mpi4py is missing."""
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, *MODULE, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, *MODULE, *flags], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok communicator P=1" in proc.stdout
 

@@ -134,8 +134,8 @@ def test_table_holds_exactly_what_was_logged(two_runs, tmp_path):
     csv_text = (out / "results.csv").read_text()
     markdown = (out / "results.md").read_text()
     assert "nan" not in csv_text.lower() and "nan" not in markdown.lower()
-    assert "| dense-p2 | lstman4 | dense | 1 | 2 | 30 | 0.75 | 0.625 |  |  |  | 1.229e+05 | 4096 |  | 750 |  | 250 |  |" \
-        in markdown
+    assert ("| dense-p2 | lstman4 | dense | 1 | 2 | 30 | 0.75 | 0.625 |  |  |  | 1.229e+05 | 4096 |  | 750 |  | 250 "
+            "|  |" in markdown)
     assert markdown in proc.stdout
     check_plots(out, 2)
 
@@ -348,8 +348,8 @@ def seeded_run(root: Path, name: str, seed: int, test_wer, dev_wers, last_loss, 
     """A run of bench/accuracy.sh --seeds: events with test/wer and test/loss (16 x test WER), val/wer at steps 10,
     20 and epoch/loss at steps 10 (20.0) and 20 (`last_loss`), train/loss loss_scale x (30 - step) at steps 1-20;
     config.yaml with its seed and P."""
-    scalars = {"train/loss": [(s, loss_scale * (30.0 - s)) for s in range(1, 21)], "dev/wer": list(zip((10, 20), dev_wers)),
-               "epoch/loss": [(10, 20.0), (20, last_loss)]}
+    scalars = {"train/loss": [(s, loss_scale * (30.0 - s)) for s in range(1, 21)],
+               "dev/wer": list(zip((10, 20), dev_wers)), "epoch/loss": [(10, 20.0), (20, last_loss)]}
     if test_wer is not None:
         scalars["test/wer"] = [(20, test_wer)]
         scalars["test/loss"] = [(20, 16 * test_wer)]
@@ -398,7 +398,8 @@ def test_spread_by_hand(seeded_runs, tmp_path):
     assert (dense["test_wer_min"], dense["test_wer_max"]) == (0.25, 0.625)
     assert rows["oktopk"]["median_exit_step"] == 10 and rows["oktopk"]["on_plateau"] == 0
     assert (rows["topka"]["n"], rows["topka"]["n_test"], rows["topka"]["test_wer_sd"]) == (3, 2, 0.0)
-    assert (rows["stuck"]["on_plateau"], rows["stuck"]["on_plateau_seeds"], rows["stuck"]["median_exit_step"]) == (1, "2", 10)
+    assert (rows["stuck"]["on_plateau"], rows["stuck"]["on_plateau_seeds"],
+            rows["stuck"]["median_exit_step"]) == (1, "2", 10)
     assert (rows["stuck"]["undecided_seeds"], rows["dense"]["undecided_seeds"]) == ("3", None)
     assert ("| stuck | 1 2 3 | 1 of 3 (2); undecided: 3 | 10 | 0.6875 | 0.2652 | 0.5 | 0.875 |"
             in (out / "spread.md").read_text())
@@ -560,7 +561,8 @@ def test_a_run_kept_with_only_its_metrics_compares_as_with_its_events(seeded_run
         again = compare_runs.load_run(target)
         assert set(again.curves) == set(run.curves)
         for tag, curve in run.curves.items():
-            assert list(again.curves[tag].steps) == list(curve.steps) and list(again.curves[tag].values) == list(curve.values)
+            assert (list(again.curves[tag].steps) == list(curve.steps)
+                    and list(again.curves[tag].values) == list(curve.values))
         kept.append(target)
     for dirs, out in ((seeded_runs, tmp_path / "a"), (kept, tmp_path / "b")):
         assert compare(*dirs, "--out", out, "--paired-against", "dense").returncode == 0
@@ -612,7 +614,8 @@ def test_label_by_pairs_cells_of_one_algorithm(seeded_runs, tmp_path):
     proc = compare(*runs, "--out", tmp_path / "o", "--paired-against", "dense")
     assert proc.returncode != 0 and "runs with the same name would share a legend entry" in proc.stderr
     out = tmp_path / "by_p"
-    proc = compare(*runs, "--out", out, "--label-by", "distributed.world_size", "--paired-against", "dense@world_size=4")
+    proc = compare(*runs, "--out", out, "--label-by", "distributed.world_size", "--paired-against",
+                   "dense@world_size=4")
     assert proc.returncode == 0, proc.stderr
     test = pd.read_csv(out / "paired.csv").set_index(["run", "metric"]).xs("test_wer", level="metric")
     assert list(test.index) == ["oktopk@world_size=4", "oktopk@world_size=1"]

@@ -115,7 +115,8 @@ def test_density_warmup_follows_dgc_schedule_and_sets_k_each_epoch():
     from sparse_asr.comm import Communicator
     from sparse_asr.compression import warmup_density
 
-    assert [round(warmup_density(0.001, 4, e), 5) for e in range(6)] == [0.25119, 0.0631, 0.01585, 0.00398, 0.001, 0.001]
+    assert ([round(warmup_density(0.001, 4, e), 5) for e in range(6)]
+            == [0.25119, 0.0631, 0.01585, 0.00398, 0.001, 0.001])
     assert warmup_density(0.02, 0, 0) == 0.02
     for name in ("oktopk", "topka", "gaussiank"):
         comp = build_compressor(name, Communicator(), 10_000, 0.001, density_warmup_epochs=4, warmup=2)

@@ -113,7 +113,8 @@ def test_compression_options_checked_by_the_algorithms_options(tmp_path):
     assert load_config(path).compression.options == {"local_threshold_interval": 8}
     with pytest.raises(ConfigError, match=r"compression\.options\.local_threshold_intervall"):
         load_config(path, ["compression.options.local_threshold_intervall=8"])
-    with pytest.raises(ConfigError, match=r"options of 'oktopk'.*compression\.options\.local_threshold_interval must be int"):
+    with pytest.raises(ConfigError,
+                       match=r"options of 'oktopk'.*compression\.options\.local_threshold_interval must be int"):
         load_config(path, ["compression.options.local_threshold_interval=often"])
     with pytest.raises(ConfigError, match=r"compression\.options\.repartition_interval"):  # dense has no options
         load_config(None, ["compression.algorithm=dense", "compression.options.repartition_interval=4"])
@@ -196,7 +197,8 @@ def test_include_merges_a_base_under_the_including_file(tmp_path):
                     "  options:\n    local_threshold_interval: 8\n")
     cfg = load_config(path)
     assert cfg.seed == 7 and cfg.optim.lr == 0.5  # from the bases
-    assert (cfg.train.epochs, cfg.train.log_every_steps, cfg.train.global_batch_size) == (4, 2, 8)  # merged, nearest wins
+    # merged, nearest wins
+    assert (cfg.train.epochs, cfg.train.log_every_steps, cfg.train.global_batch_size) == (4, 2, 8)
     assert cfg.compression.algorithm == "oktopk"
     assert cfg.compression.options == {"repartition_interval": 16, "local_threshold_interval": 8}
     assert load_config(path, ["train.epochs=9", "seed=1"]).train.epochs == 9  # overrides apply last
@@ -231,7 +233,8 @@ def test_bad_includes_are_clear_errors(tmp_path):
         load_config(a)
     a.write_text("include: b.yaml\n")
     b.write_text("include: missing.yaml\n")
-    with pytest.raises(ConfigError, match=r"cannot read config file .*missing\.yaml \(included by .*b\.yaml <- .*a\.yaml\)"):
+    with pytest.raises(ConfigError,
+                       match=r"cannot read config file .*missing\.yaml \(included by .*b\.yaml <- .*a\.yaml\)"):
         load_config(a)
     for value in ["[b.yaml]", "''", "3"]:
         a.write_text(f"include: {value}\n")
@@ -270,7 +273,8 @@ def test_lstman4_configs_are_the_paper_setup_plus_their_own_keys():
     assert differing_keys(recipe, paper) == {"model.sync_batchnorm", "data.freq_masks", "data.time_masks", "optim.lr",
                                              "optim.nesterov", "optim.lr_warmup_steps", "optim.lr_anneal",
                                              "compression.warmup_steps", "distributed.world_size"}
-    assert (recipe.model.sync_batchnorm, recipe.data.freq_masks, recipe.data.time_masks, recipe.optim.lr) == (True, 2, 2, 3e-3)
+    assert (recipe.model.sync_batchnorm, recipe.data.freq_masks, recipe.data.time_masks, recipe.optim.lr) == (
+        True, 2, 2, 3e-3)
     cpu = load_config(REPO / "configs" / "an4_cpu.yaml")
     assert (cpu.model.name, cpu.model.sync_batchnorm, cpu.train.global_batch_size, cpu.data.freq_masks) == (
         "lstman4_small", True, 16, 2)
@@ -310,7 +314,8 @@ def test_the_verdict_config_spells_out_every_key_and_is_the_kept_p4_cell():
     assert len(kept) >= 15
     cpus_of_seed = {}
     for run_config in kept:
-        others = {k for k in differing_keys(load_config(run_config), verdict) if not k.startswith("compression.options")}
+        others = {k for k in differing_keys(load_config(run_config), verdict)
+                  if not k.startswith("compression.options")}
         assert others <= identity, (run_config, others - identity)
         # a pair differs only in its exchange: every start of every arm of a seed on one CPU type
         starts = [json.loads(line) for line in (run_config.parent / "provenance.jsonl").read_text().splitlines()]
@@ -401,7 +406,8 @@ def test_dgc_memory_is_refused_where_it_cannot_work():
         load_config(None, dgc + ["compression.warmup_steps=0", "compression.dense_1d=true"])
     with pytest.raises(ConfigError, match=r"compression\.memory=dgc needs a selection .* not 'powersgd'"):
         load_config(None, ["compression.memory=dgc", "compression.algorithm=powersgd", "compression.warmup_steps=0"])
-    with pytest.raises(ConfigError, match=r"compression\.memory must be one of residual, dgc, ef21, lowpass, got 'momentum'"):
+    with pytest.raises(ConfigError,
+                       match=r"compression\.memory must be one of residual, dgc, ef21, lowpass, got 'momentum'"):
         load_config(None, ["compression.memory=momentum"])
     with pytest.raises(ConfigError, match=r"compression\.density_warmup_epochs must be >= 0"):
         load_config(None, ["compression.density_warmup_epochs=-1"])

@@ -96,7 +96,8 @@ def test_sharded_evaluation_equals_one_process(an4_manifests, tmp_path):
     emissions = {P: tmp_path / f"emissions_p{P}.npz" for P in (1, 2)}
     single, sharded = (figures(check_mpi(P, args + ["--emissions", str(emissions[P])])) for P in (1, 2))
     assert set(single) == {"wer", "cer", "wer_utt_mean", "loss"}, single
-    assert {k: single[k] for k in ("wer", "cer", "wer_utt_mean")} == {k: sharded[k] for k in ("wer", "cer", "wer_utt_mean")}
+    assert ({k: single[k] for k in ("wer", "cer", "wer_utt_mean")}
+            == {k: sharded[k] for k in ("wer", "cer", "wer_utt_mean")})
     assert sharded["loss"] == pytest.approx(single["loss"], rel=1e-5)  # float sums in another order
 
     # the log-probabilities of every dev utterance, in the manifest's order, the same from one rank or two (a

@@ -47,7 +47,8 @@ def test_an_unmarked_test_fails_collection(tmp_path):
 @pytest.mark.unit
 def test_every_script_and_bench_sets_its_process_up_through_setup_process():
     """Threads and devices are chosen in one place (training/launch.py's setup_process), not per script."""
-    entry_points = [REPO / "train.py", REPO / "evaluate.py", *(REPO / "bench").glob("*.py"), *(REPO / "scripts").glob("*.py")]
+    entry_points = [REPO / "train.py", REPO / "evaluate.py", *(REPO / "bench").glob("*.py"),
+                    *(REPO / "scripts").glob("*.py")]
     for path in entry_points:
         text = path.read_text()
         assert "set_num_threads(" not in text and "set_num_interop_threads(" not in text, \
@@ -55,4 +56,5 @@ def test_every_script_and_bench_sets_its_process_up_through_setup_process():
     torch_users = [p.name for p in (REPO / "bench").glob("*.py") if "import torch" in p.read_text()
                    and p.name != "gpu_report.py"]  # gpu_report only reads what the device is
     assert all("setup_process(" in (REPO / "bench" / name).read_text() or name in ("project_scaling.py",)
-               for name in torch_users), [n for n in torch_users if "setup_process(" not in (REPO / "bench" / n).read_text()]
+               for name in torch_users), \
+        [n for n in torch_users if "setup_process(" not in (REPO / "bench" / n).read_text()]

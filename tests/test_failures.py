@@ -91,7 +91,8 @@ def small_disk(tmp_path):
     """A 2 MiB tmpfs: a real full disk (ENOSPC). Needs root (CI and these machines run as root)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     yield mount
@@ -253,8 +254,9 @@ def test_evaluate_names_every_unusable_audio_file_by_manifest_line(an4_manifests
     df = read_manifest(an4_manifests / "an4_test.csv").head(5).copy()
     df.loc[1, "audio"], df.loc[3, "audio"] = str(tmp_path / "gone.sph"), str(tmp_path)
     write_manifest(df, tmp_path / "test.csv")
-    proc = subprocess.run([sys.executable, "evaluate.py", str(tmp_path / "ev"), "--manifest", str(tmp_path / "test.csv")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run([sys.executable, "evaluate.py", str(tmp_path / "ev"), "--manifest",
+                           str(tmp_path / "test.csv")], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "2 of 5 manifest rows have audio that cannot be used" in proc.stderr, proc.stderr
     assert f"{tmp_path}/test.csv:3: " in proc.stderr and f"{tmp_path}/test.csv:5: " in proc.stderr, proc.stderr
@@ -430,7 +432,8 @@ def test_every_start_records_its_code_and_machine(an4_manifests, tmp_path):
     for record in records:
         assert record["code"]["commit"] == head and isinstance(record["code"]["modified"], bool)
         assert (record["host"], record["ranks"], record["cpu"]) == (socket.gethostname(), 1, cpu_model())
-        assert record["torch"] == torch.__version__ and record["cpu_dispatch"] == torch.backends.cpu.get_cpu_capability()
+        assert (record["torch"] == torch.__version__
+                and record["cpu_dispatch"] == torch.backends.cpu.get_cpu_capability())
         assert record["mpi4py"] and record["python"]
     assert f"provenance: code {head[:12]}" in proc.stdout
 

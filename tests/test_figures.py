@@ -39,7 +39,8 @@ def test_the_palette_png_is_the_same_picture_in_fewer_bytes(tmp_path):
     plt.close(fig)
     saved, reference = Image.open(path), Image.open(io.BytesIO(plain.getvalue()))
     assert saved.mode == "P" and saved.size == reference.size
-    diff = np.abs(np.asarray(saved.convert("RGB"), dtype=np.int16) - np.asarray(reference.convert("RGB"), dtype=np.int16))
+    diff = np.abs(np.asarray(saved.convert("RGB"), dtype=np.int16)
+                  - np.asarray(reference.convert("RGB"), dtype=np.int16))
     assert diff.mean() < 1.5 and np.mean(diff.max(axis=2) > 32) < 0.005, (diff.mean(), np.mean(diff.max(axis=2) > 32))
     assert path.stat().st_size < 0.7 * len(plain.getvalue()), (path.stat().st_size, len(plain.getvalue()))
     assert [p.name for p in tmp_path.iterdir()] == ["curves.png"]  # written atomically: no temporary file left

@@ -137,7 +137,8 @@ def test_rate_counts_whole_epochs_between_the_first_and_last_epoch_end(tmp_path)
     """Epochs per minute from the epoch-end times only: start-up and the lines between do not count."""
     def write(side, ends):
         rows = [{"kind": "train", "step": 1, "epoch": 0, "time": 1000.0}]  # start-up before the first epoch end
-        rows += [{"kind": "epoch", "step": 13 * (i + 1), "epoch": i + 1, "time": 1100.0 + t} for i, t in enumerate(ends)]
+        rows += [{"kind": "epoch", "step": 13 * (i + 1), "epoch": i + 1, "time": 1100.0 + t}
+                 for i, t in enumerate(ends)]
         rows += [{"kind": "dev", "step": 13, "epoch": 1, "time": 1105.0}]
         (tmp_path / f"metrics_rate_{side}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 

@@ -52,7 +52,8 @@ def test_a_finished_run_is_kept_as_config_provenance_and_xz_metrics(tmp_path):
     assert sorted(p.name for p in kept.iterdir()) == ["config.yaml", "metrics.jsonl.xz", "provenance.jsonl"]
     assert (kept / "config.yaml").read_bytes() == (run / "config.yaml").read_bytes()
     assert (kept / "provenance.jsonl").read_bytes() == (run / "provenance.jsonl").read_bytes()
-    assert lzma.decompress((kept / "metrics.jsonl.xz").read_bytes()) == keep_runs.digest((run / "metrics.jsonl").read_bytes())
+    assert lzma.decompress((kept / "metrics.jsonl.xz").read_bytes()) == \
+        keep_runs.digest((run / "metrics.jsonl").read_bytes())
     # kept again (as when rerun while other runs finish): nothing changes, nothing fails
     before = {p.name: p.stat().st_mtime_ns for p in kept.iterdir()}
     code, out, _ = keep(run, "--into", tmp_path / "kept")
@@ -97,7 +98,8 @@ def test_the_metrics_are_kept_as_the_event_files_hold_them():
     rows = [{"kind": "train", "step": step, "epoch": step // 53, "time": 1795909700.0029626 + step * 0.2718281828,
              "train/loss": float(rng.lognormal(3, 1)), "time/communication": float(rng.random() * 1e-5),
              "comm/cum_bytes_recv": float(step * 443391.0), "comm/dense": 0.0, "note": "x"} for step in range(1, 400)]
-    rows.append({"kind": "train", "step": 400, "time": 1.5, "train/loss": float("nan"), "train/grad_norm": float("inf")})
+    rows.append({"kind": "train", "step": 400, "time": 1.5, "train/loss": float("nan"),
+                 "train/grad_norm": float("inf")})
     metrics = "".join(json.dumps(r) + "\n" for r in rows).encode()
     kept = keep_runs.digest(metrics)
     assert keep_runs.digest(kept) == kept

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import soundfile
 
-from sparse_asr.data.manifest import (ManifestError, build_index, find_by_name, fix_paths, missing_files, read_manifest, read_raw,
-                           rewrite_prefix, write_manifest)
+from sparse_asr.data.manifest import (ManifestError, build_index, find_by_name, fix_paths, missing_files,
+                                      read_manifest, read_raw, rewrite_prefix, write_manifest)
 from tests.conftest import REPO
 
 OLD_ROOT = "/scratch/snx3000/shigang"
@@ -207,7 +207,8 @@ def test_fix_our_format_moves_relative_paths(tiny, tmp_path):
         os.symlink(audio, data / Path(audio).name)
     old = tiny.assign(audio=[f"/old/root/{Path(a).name}" for a in tiny["audio"]])
     write_manifest(old, tmp_path / "m.csv")
-    assert missing_files(read_manifest(tmp_path / "m.csv")) == [(line, a) for line, a in zip(range(2, 10), old["audio"])]
+    assert missing_files(read_manifest(tmp_path / "m.csv")) == \
+        [(line, a) for line, a in zip(range(2, 10), old["audio"])]
     raw = read_raw(tmp_path / "m.csv")
     fixed, report = fix_paths(raw, tmp_path / "out" / "m.csv", "/old/root", str(data))
     assert report.unresolved == [] and report.rewritten == 8

@@ -155,7 +155,8 @@ def test_full_bundle_holds_an4_as_flac_with_relative_manifests(bundle312, an4_pr
 
 def test_full_bundle_has_the_tracked_files_and_cp312_wheels(bundle312):
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    expected = {f for f in tracked if not f.startswith(("docs/", "tests/")) and f != "DESIGN.md" and (REPO / f).exists()}
+    expected = {f for f in tracked
+                if not f.startswith(("docs/", "tests/")) and f != "DESIGN.md" and (REPO / f).exists()}
     generated = {"bootstrap.sh", "BUNDLE.md"}
     shipped = {str(p.relative_to(bundle312)) for p in bundle312.rglob("*") if p.is_file()
                and not str(p.relative_to(bundle312)).startswith(("datasets/", "wheels/", "manifests/an4_"))}
@@ -172,7 +173,8 @@ def test_full_bundle_has_the_tracked_files_and_cp312_wheels(bundle312):
         name, version, python_tag, abi_tag, platform_tag = wheel.stem.split("-")
         assert f"{name.replace('_', '-').lower()}=={version}" in {p.lower() for p in pins}, wheel.name
         assert set(python_tag.split(".")) & {"cp312", "py3"} and abi_tag in ("cp312", "abi3", "none"), wheel.name
-        assert all(re.fullmatch(r"manylinux(1|2014|_2_\d+)_x86_64|any", tag) for tag in platform_tag.split(".")), wheel.name
+        assert all(re.fullmatch(r"manylinux(1|2014|_2_\d+)_x86_64|any", tag) for tag in platform_tag.split(".")), \
+            wheel.name
     assert (bundle312 / "wheels" / "PYTHON_VERSION").read_text().strip() == "3.12"
 
     # mpich's wheel slimmed (scripts/offline/slim_mpich.py): the library mpi4py loads and the launcher kept,
@@ -192,7 +194,8 @@ def test_pinned_wheels_are_the_tested_versions(bundle312):
                     if "==" in line and not line.startswith("#"))
     for pin in (bundle312 / "wheels" / "requirements.txt").read_text().split():
         name, version = pin.split("==")
-        assert metadata.version(name) == version, f"{name}: bundle pins {version}, this venv has {metadata.version(name)}"
+        assert metadata.version(name) == version, \
+            f"{name}: bundle pins {version}, this venv has {metadata.version(name)}"
         assert required.get(name, version) == version
 
 
@@ -207,7 +210,8 @@ def test_bootstrap_refuses_a_python_of_another_version(bundle312, image, tmp_pat
 def test_bootstrap_names_what_the_image_lacks(unpacked, tmp_path):
     folder = unpacked[0]
     bare = tmp_path / "bare"
-    subprocess.run([os.path.realpath(sys.executable), "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    subprocess.run([os.path.realpath(sys.executable), "-m", "venv", "--without-pip", str(bare)], check=True,
+                   timeout=120)
     proc = run(["bash", "bootstrap.sh"], {"PATH": "/usr/bin:/bin", "PYTHON": str(bare / "bin/python")}, folder)
     assert proc.returncode == 1
     assert f"lacks {' '.join(IMAGE_MODULES)}" in proc.stderr, proc.stderr
@@ -266,7 +270,8 @@ def test_mpiexec_runs_two_ranks_from_the_bundle(unpacked):
     folder, env, _ = unpacked
     assert shutil.which("mpiexec", path=env["PATH"]) == str(folder / ".deps" / "bin" / "mpiexec")
     proc = run(["mpiexec", "-n", "2", "python3", "-c",
-                "from mpi4py import MPI; c = MPI.COMM_WORLD; print(c.rank, c.size, c.allreduce(c.rank + 1))"], env, folder)
+                "from mpi4py import MPI; c = MPI.COMM_WORLD; print(c.rank, c.size, c.allreduce(c.rank + 1))"],
+               env, folder)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["0 2 3", "1 2 3"]
 
@@ -306,8 +311,8 @@ def test_gpu_suite_dry_run_from_the_bundle(unpacked, tmp_path):
 
 
 def test_gpu_suite_study_dry_run_from_the_bundle(unpacked, tmp_path):
-    """The GPU throughput study, prepared on the CPU: dense alone before and after the fast settings (epochs per minute),
-    then four concurrent trainings at one seed (dense and Ok-Topk on 1 rank, Ok-Topk and its complete_values
+    """The GPU throughput study, prepared on the CPU: dense alone before and after the fast settings (epochs per
+    minute), then four concurrent trainings at one seed (dense and Ok-Topk on 1 rank, Ok-Topk and its complete_values
     remedy on 4), flat metrics files, one plot, the summary. --no-speed: the speed steps' dry run is the
     suite's own (test_gpu_suite_dry_run_from_the_bundle)."""
     folder, env, _ = unpacked

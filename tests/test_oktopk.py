@@ -1,7 +1,7 @@
 """Ok-Topk: exact against a numpy reference, invariants over 200 realistic steps, the original's
 unsorted-intersection bug, the 6k(P-1)/P volume bound, exact resume, the count tracking k, the
-rebalanced allgather and the complete_values option, on P = 1..4 real ranks (tests/mpi/oktopk_check.py), plus single-process
-checks of the pieces."""
+rebalanced allgather and the complete_values option, on P = 1..4 real ranks (tests/mpi/oktopk_check.py),
+plus single-process checks of the pieces."""
 import math
 
 import pytest

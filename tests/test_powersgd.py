@@ -91,10 +91,12 @@ def test_bad_options_and_state_are_refused():
     comm = Communicator()
     shapes = [torch.Size([30, 20]), torch.Size([30])]
     for options, match in [({"matrix_approximation_rank": 0}, "matrix_approximation_rank must be >= 1"),
-                           ({"matrix_approximation_rank": 1.5}, "algorithm 'powersgd': compression.options.matrix_approximation_rank must be int"),
+                           ({"matrix_approximation_rank": 1.5},
+                            "algorithm 'powersgd': compression.options.matrix_approximation_rank must be int"),
                            ({"random_seed": -1}, "random_seed"), ({"min_compression_rate": -1}, "min_compression_rate"),
                            ({"orthogonalization_epsilon": -1e-8}, "orthogonalization_epsilon"),
-                           ({"warm_start": 1}, "algorithm 'powersgd': compression.options.warm_start must be bool"), ({"rank": 2}, "compression.options.rank")]:
+                           ({"warm_start": 1}, "algorithm 'powersgd': compression.options.warm_start must be bool"),
+                           ({"rank": 2}, "compression.options.rank")]:
         with pytest.raises(ValueError, match=match):
             build_compressor("powersgd", comm, 630, shapes=shapes, **options)
     with pytest.raises(ValueError, match="shapes hold 630 entries, the gradient has 631"):

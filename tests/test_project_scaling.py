@@ -90,7 +90,10 @@ def test_topkdsa_fill_in_and_dense_switch():
 def test_ordering_as_P_grows():
     sparse = [a for a in ps.ALGORITHMS if a not in ps.NOT_IN_PAPER]  # the paper's comparison; PowerSGD's below
     df = ps.project(sparse, [4, 16, 64, 256], N, 0.02, [], MODEL)
-    at = lambda P, column: df[df.P == P].set_index("algorithm")[column]
+
+    def at(P, column):
+        return df[df.P == P].set_index("algorithm")[column]
+
     for P in (64, 256):
         volume = at(P, "MB_per_step")
         # Ok-Topk's O(k) < gTopk's O(k log P) < TopkDSA (fill-in, then dense) < dense < TopkA's O(kP)
@@ -208,17 +211,20 @@ def test_oktopk_allgatherv_plain_vs_rebalanced(tmp_path):
     assert plain == pytest.approx(1e3 * 3 * (alpha + beta * pb * 1.2 * k / 4))
     assert rebalanced == pytest.approx(1e3 * (3 * (alpha + beta * pb * k / 4) + 2 * alpha + beta * pb * 0.1 * k / 4))
     # at P = 2 the excess moves once either way: re-cutting only adds its message
-    assert ps.allgatherv_ms(2, k, 1.2, 0.2 * k / 2, 1, MODEL, True) > ps.allgatherv_ms(2, k, 1.2, 0.2 * k / 2, 1, MODEL, False)
+    assert ps.allgatherv_ms(2, k, 1.2, 0.2 * k / 2, 1, MODEL, True) > \
+        ps.allgatherv_ms(2, k, 1.2, 0.2 * k / 2, 1, MODEL, False)
     n, d = 1_000_000, 0.02
     rec = record("oktopk", 4, n, d, 250_000.0, 240_000.0, 11.5)
     rec.update(extra_global_count_mean=1.1 * rec["k"], extra_allgather_imbalance_before_mean=1.2,
                extra_rebalance_pairs_in_max=0.1 * 1.1 * rec["k"] / 4, extra_rebalance_messages_in_max=2.0)
-    shapes = ps.load_allgather_shapes([write_measured(tmp_path / "P4.json", 4, [rec, record("dense", 4, n, d, 1.0, 1.0, 6)])])
+    shapes = ps.load_allgather_shapes([write_measured(tmp_path / "P4.json", 4,
+                                                      [rec, record("dense", 4, n, d, 1.0, 1.0, 6)])])
     assert shapes == [ps.AllgatherShape(P=4, pairs_over_k=pytest.approx(1.1), imbalance=1.2,
                                         moved_over_block=pytest.approx(0.1), moved_messages=2.0)]
     table = ps.allgather_table(shapes, [2, 4, 8], n, d, MODEL)
     row = next(line for line in table.splitlines() if line.startswith("| 4 |")).split(" | ")
-    assert row[1] == "measured" and float(row[5]) == pytest.approx(ps.allgatherv_ms(4, 1.1 * 20_000, 1.2, 0.1 * 1.1 * 20_000 / 4, 2, MODEL, False), abs=1e-3)
+    assert row[1] == "measured" and float(row[5]) == pytest.approx(
+        ps.allgatherv_ms(4, 1.1 * 20_000, 1.2, 0.1 * 1.1 * 20_000 / 4, 2, MODEL, False), abs=1e-3)
     assert "| 8 | held |" in table and "| 2 | held |" in table
 
 

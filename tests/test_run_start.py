@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import soundfile
 
-from sparse_asr.comm import Communicator
 from sparse_asr.data.audio import AudioError
 from sparse_asr.data.manifest import ManifestError, read_manifest, write_manifest
 from sparse_asr.training.config import ConfigError

@@ -99,8 +99,11 @@ def test_polaris_submit_defaults_queue_by_size_and_cuda_aware(tmp_path):
     assert lines[1] == (f"mpiexec -n 24 --ppn 2 --depth=8 --cpu-bind depth scripts/polaris/set_affinity_gpu_polaris.sh "
                         f"python train.py --config {outside} distributed.world_size=24 distributed.device=cuda "
                         f"distributed.cuda_aware_mpi=true")
-    queue = lambda n: shlex.split(command_lines(ok(["scripts/polaris/submit.sh", "-c", CONFIG, "-N", n, "-A", "P",
-                                                    "--dry-run", "--skip-config-check"]))[0])[4]
+
+    def queue(n):
+        return shlex.split(command_lines(ok(["scripts/polaris/submit.sh", "-c", CONFIG, "-N", n, "-A", "P",
+                                             "--dry-run", "--skip-config-check"]))[0])[4]
+
     assert [queue("1"), queue("2"), queue("3"), queue("10"), queue("11")] == \
         ["debug", "debug", "debug-scaling", "debug-scaling", "prod"]
 
@@ -206,7 +209,8 @@ def test_sweep_local_dry_run_lists_every_run_with_a_distinct_name():
                         f"distributed.world_size={P} train.epochs=1")
         for algorithm in ("oktopk", "gtopk"):
             for d in ("0.01", "0.02"):
-                expected.append(f"{py.format(P=P)} name=cluster-{algorithm}-d{d}-p{P} compression.algorithm={algorithm} "
+                expected.append(f"{py.format(P=P)} name=cluster-{algorithm}-d{d}-p{P} "
+                                f"compression.algorithm={algorithm} "
                                 f"compression.density={d} distributed.world_size={P} train.epochs=1")
     assert lines == expected
     names = [shlex.split(line)[7] for line in lines]
@@ -231,10 +235,12 @@ def test_sweep_pbs_and_slurm_dry_runs_print_submit_commands():
     lines = ok(["scripts/sweep.sh", "-c", CONFIG, "--scheduler", "pbs", "-A", "PRJ", "-t", "02:00:00", "--dry-run",
                 "--algorithms", "dense topka", "--densities", "0.02", "--ranks", "2 8"])
     assert lines == [
-        f"scripts/polaris/submit.sh -c {CONFIG} -N 1 --ppn 2 -t 02:00:00 -A PRJ name=cluster-dense-p2 compression.algorithm=dense",
+        f"scripts/polaris/submit.sh -c {CONFIG} -N 1 --ppn 2 -t 02:00:00 -A PRJ name=cluster-dense-p2 "
+        f"compression.algorithm=dense",
         f"scripts/polaris/submit.sh -c {CONFIG} -N 1 --ppn 2 -t 02:00:00 -A PRJ name=cluster-topka-d0.02-p2 "
         f"compression.algorithm=topka compression.density=0.02",
-        f"scripts/polaris/submit.sh -c {CONFIG} -N 2 --ppn 4 -t 02:00:00 -A PRJ name=cluster-dense-p8 compression.algorithm=dense",
+        f"scripts/polaris/submit.sh -c {CONFIG} -N 2 --ppn 4 -t 02:00:00 -A PRJ name=cluster-dense-p8 "
+        f"compression.algorithm=dense",
         f"scripts/polaris/submit.sh -c {CONFIG} -N 2 --ppn 4 -t 02:00:00 -A PRJ name=cluster-topka-d0.02-p8 "
         f"compression.algorithm=topka compression.density=0.02",
     ]
@@ -267,7 +273,8 @@ BAD = [
     (["scripts/polaris/submit.sh", "-c", "configs/nope.yaml", "-A", "P"], "config file 'configs/nope.yaml' not found"),
     (["scripts/polaris/submit.sh", "-A", "P"], "no config given"),
     (["scripts/polaris/submit.sh", "-c", CONFIG], "no project account"),
-    (["scripts/polaris/submit.sh", "-c", CONFIG, "-A", "P", "-N", "0"], "nodes (-N) must be a positive integer, got '0'"),
+    (["scripts/polaris/submit.sh", "-c", CONFIG, "-A", "P", "-N", "0"],
+     "nodes (-N) must be a positive integer, got '0'"),
     (["scripts/polaris/submit.sh", "-c", CONFIG, "-A", "P", "-N", "two"], "must be a positive integer, got 'two'"),
     (["scripts/polaris/submit.sh", "-c", CONFIG, "-A", "P", "--ppn", "8"], "at most 4"),
     (["scripts/polaris/submit.sh", "-c", CONFIG, "-A", "P", "-t", "1h"], "walltime must be HH:MM:SS, got '1h'"),
@@ -331,10 +338,11 @@ REFUSED = [
     (["scripts/polaris/submit.sh", "-c", "configs/lstman4_dense.yaml", "-A", "P", "-N", "3"],
      "train.global_batch_size=64 is not divisible by the 12 ranks", False),
     (["scripts/slurm/submit.sh", "-c", CONFIG, "-N", "2", "trian.epochs=3"], "unknown key 'trian'", False),
-    (["scripts/slurm/submit.sh", "-c", SMOKE, "--ppn", "3"], "train.global_batch_size=4 is not divisible by the 3 ranks",
-     True),
+    (["scripts/slurm/submit.sh", "-c", SMOKE, "--ppn", "3"],
+     "train.global_batch_size=4 is not divisible by the 3 ranks", True),
     (["scripts/sweep.sh", "-c", CONFIG, "trian.epochs=3"], "unknown key 'trian'", True),
-    (["scripts/sweep.sh", "-c", SMOKE, "--ranks", "2 3", "--algorithms", "dense"], "not divisible by the 3 ranks", False),
+    (["scripts/sweep.sh", "-c", SMOKE, "--ranks", "2 3", "--algorithms", "dense"],
+     "not divisible by the 3 ranks", False),
     (["scripts/sweep.sh", "-c", CONFIG, "--scheduler", "pbs", "-A", "P", "--ranks", "4 8", "optim.lr=-1"],
      "optim.lr must be > 0", False),
     (["scripts/sweep.sh", "-c", "configs/lstman4_dense.yaml", "--scheduler", "slurm", "--ranks", "12"],

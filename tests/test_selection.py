@@ -32,8 +32,11 @@ def heavy_tailed(n, seed):
 CASES = [
     ("normal", lambda: torch.randn(10_000, generator=torch.Generator().manual_seed(1)), [1, 7, 100, 9_999, 10_000]),
     ("heavy", lambda: heavy_tailed(200_000, 2), [1, 2_000, 4_000, 50_000]),
-    ("ties", lambda: torch.randint(-5, 6, (5_000,), generator=torch.Generator().manual_seed(3)).float(), [1, 10, 600, 2_500, 4_999]),
-    ("mostly_zero", lambda: torch.cat([torch.zeros(9_000), torch.randn(1_000, generator=torch.Generator().manual_seed(4))]), [10, 999, 1_000, 1_001, 5_000]),
+    ("ties", lambda: torch.randint(-5, 6, (5_000,), generator=torch.Generator().manual_seed(3)).float(),
+     [1, 10, 600, 2_500, 4_999]),
+    ("mostly_zero",
+     lambda: torch.cat([torch.zeros(9_000), torch.randn(1_000, generator=torch.Generator().manual_seed(4))]),
+     [10, 999, 1_000, 1_001, 5_000]),
     ("all_zero", lambda: torch.zeros(300), [1, 300]),
     ("tiny", lambda: torch.tensor([0.5, -2.0, 1e-30, -0.0, 3.0]), [1, 2, 3, 4, 5]),
 ]

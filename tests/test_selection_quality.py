@@ -274,7 +274,8 @@ def test_dgc_rows_at_density_1_take_dense_momentum_sgds_step(cfg):
         for step, grads in enumerate(gradient_stream(cfg, 2, 4)):
             results = sim.step(grads, params)
             m_ref = reference.add(sq.mean(grads), params)
-            figures = [sq.measure(run, result, sq.mean(grads), m_ref, params)[0] for run, result in zip(sim.runs, results)]
+            figures = [sq.measure(run, result, sq.mean(grads), m_ref, params)[0]
+                       for run, result in zip(sim.runs, results)]
             assert math.isnan(figures[0]["cos_momentum"]) and figures[1]["cos_step"] == pytest.approx(1.0, abs=1e-6)
             if not masking:
                 assert figures[0]["cos_step"] == pytest.approx(1.0, abs=1e-5), (step, figures[0])
@@ -339,7 +340,8 @@ def test_command_writes_its_table_plot_and_steps(tiny_manifest, tmp_path):
     out = tmp_path / "quality.md"
     command = [sys.executable, "bench/selection_quality.py", "--config", "configs/smoke.yaml", "--ranks", "1", "2", "4",
                "--densities", "0.05", "0.1", "--dense-steps", "2", "--steps", "3", "--out", str(out), "--variant",
-               "oktopk_exact=oktopk:" + ",".join(f"{key}={value}" for key, value in EXACT_OKTOPK.items()), "--dgc", "topka",
+               "oktopk_exact=oktopk:" + ",".join(f"{key}={value}" for key, value in EXACT_OKTOPK.items()),
+               "--dgc", "topka",
                f"data.train_manifest={tiny_manifest}", "data.max_train_utterances=0", "model.sync_batchnorm=true"]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
@@ -481,8 +483,10 @@ def test_the_grid_over_seeds_runs_a_trajectory_per_batch_and_seed(tiny_manifest,
     assert "6 trajectories (3 global batches x 2 seeds)" in text
     assert "| P \\ utterances per rank | 1 | 2 |" in text and "| P=1, 1/rank | P=1, 2/rank | 2 |" in text
     steps = pd.read_csv(out.with_suffix(".csv"))
-    assert sorted(steps.groupby(["global_batch", "seed"]).size().index.tolist()) == [(b, s) for b in (1, 2, 4) for s in (1, 2)]
+    assert sorted(steps.groupby(["global_batch", "seed"]).size().index.tolist()) == \
+        [(b, s) for b in (1, 2, 4) for s in (1, 2)]
     assert set(steps[steps["global_batch"] == 4]["P"]) == {2}  # 4 = 2 ranks x 2 (1 x 4 is not a cell)
     bad = subprocess.run(command[:-5] + ["--global-batch", "8", "--out", str(out)] + command[-3:], cwd=REPO,
-                         capture_output=True, text=True, timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+                         capture_output=True, text=True, timeout=120,
+                         env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert bad.returncode == 2 and "--per-rank" in bad.stderr

@@ -98,7 +98,8 @@ def check_allgatherv(comm):
     # integers and raw bytes travel unchanged (the packed-pairs path)
     t = torch.arange(r * 10, r * 10 + 4, dtype=torch.int64).view(torch.uint8)
     out, _ = comm.allgatherv(t, counts=[32] * P)
-    assert np.array_equal(out.view(torch.int64).numpy(), np.concatenate([np.arange(q * 10, q * 10 + 4) for q in range(P)]))
+    assert np.array_equal(out.view(torch.int64).numpy(),
+                          np.concatenate([np.arange(q * 10, q * 10 + 4) for q in range(P)]))
     assert comm.allgather_int(r * 7 + 1) == [q * 7 + 1 for q in range(P)]
 
 

@@ -126,8 +126,8 @@ def check_case(comm, name, density, options):
 
         # Volumes, exactly where the algorithm's volume follows from the selections.
         if expected.volumes is not None:
-            assert (stats.bytes_sent, stats.bytes_recv) == expected.volumes[rank], (where, stats.bytes_sent,
-                                                                                   stats.bytes_recv, expected.volumes[rank])
+            assert (stats.bytes_sent, stats.bytes_recv) == expected.volumes[rank], \
+                (where, stats.bytes_sent, stats.bytes_recv, expected.volumes[rank])
         if name in ("dense", "topka", "gtopk", "randomk", "bf16", "fp16", "onebit", "qsgd"):  # sizes known in advance
             assert comm.counts("meta").bytes_recv == meta_before.bytes_recv, f"{where}: unexpected size exchange"
         for key, value in expected.extra.items():
@@ -170,7 +170,8 @@ def check_dgc_memory(comm, name, density, options, nesterov, masking, momentum=0
             vs[q][expected.applied[q]] = 0.0
             if masking:
                 us[q][expected.applied[q]] = 0.0
-        assert np.array_equal(memory.v.numpy(), vs[rank]), f"{where}: velocity is not v with the applied entries cleared"
+        assert np.array_equal(memory.v.numpy(), vs[rank]), \
+            f"{where}: velocity is not v with the applied entries cleared"
         assert np.array_equal(memory.u.numpy(), us[rank]), f"{where}: momentum differs from the mirror"
         # velocity mass: what the ranks accumulated is either in the update or still owed
         sent = comm.allgather_object((accumulated - v_before, memory.v.numpy().astype(np.float64) - v_before))
@@ -243,7 +244,8 @@ def check_dense_1d(comm, name, density):
         assert np.all(wrapped.inner.residual.numpy()[ONE_D] == 0.0), f"{where}: residual kept for 1-D entries"
         assert torch.equal(wrapped.inner.residual, bare.residual), where
         ring = dense_allreduce_bytes(ONE_D.size, P)
-        assert (stats.bytes_sent, stats.bytes_recv) == (bare_stats.bytes_sent + ring, bare_stats.bytes_recv + ring), where
+        assert (stats.bytes_sent, stats.bytes_recv) == (bare_stats.bytes_sent + ring,
+                                                        bare_stats.bytes_recv + ring), where
         assert stats.selected_global == bare_stats.selected_global + ONE_D.size, where
 
 

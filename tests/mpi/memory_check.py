@@ -116,8 +116,10 @@ def check_lowpass(comm, name, density, options, beta):
         plain.step(flat_plain)
         accs = [(memories[q] + grads[q]).astype(np.float32) for q in range(P)]
         expected = ref.REFERENCES[name].expected(accs, comp.k, density, options, step)
-        np.testing.assert_allclose(flat.numpy().astype(np.float64) * P, expected.total, rtol=1e-5, atol=1e-5, err_msg=where)
-        assert all(np.array_equal(x, flat.numpy()) for x in comm.allgather_object(flat.numpy())), f"{where}: ranks disagree"
+        np.testing.assert_allclose(flat.numpy().astype(np.float64) * P, expected.total, rtol=1e-5, atol=1e-5,
+                                   err_msg=where)
+        assert all(np.array_equal(x, flat.numpy()) for x in comm.allgather_object(flat.numpy())), \
+            f"{where}: ranks disagree"
         for q in range(P):
             sent = np.zeros(N, np.float64)
             sent[expected.applied[q]] = accs[q][expected.applied[q]]

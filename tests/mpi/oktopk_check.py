@@ -85,7 +85,8 @@ def reference_step(acc: np.ndarray, k: int, options: dict):
 
 def check_exact(**options):
     n, density, steps = 5000, 0.01, 6
-    comp = OkTopk(comm, n, density, local_threshold_interval=1, global_threshold_interval=1, repartition_interval=1, **options)
+    comp = OkTopk(comm, n, density, local_threshold_interval=1, global_threshold_interval=1, repartition_interval=1,
+                  **options)
     rng = np.random.default_rng(7 + RANK)
     scale = np.exp(np.random.default_rng(3).normal(0, 1, n))  # shared: ranks' large entries overlap
     for step in range(steps):
@@ -118,10 +119,12 @@ def check_step_invariants(comp, grad, step, stats_log):
     # Mass conservation over ranks, in float64: P * output + sum residual_after == sum acc.
     total_acc = reduce64(acc, MPI.SUM)
     total_after = reduce64(comp.residual, MPI.SUM) + P * flat.double().numpy()
-    np.testing.assert_allclose(total_after, total_acc, rtol=1e-6, atol=1e-6 * np.abs(total_acc).max(), err_msg=f"step {step} mass")
+    np.testing.assert_allclose(total_after, total_acc, rtol=1e-6, atol=1e-6 * np.abs(total_acc).max(),
+                               err_msg=f"step {step} mass")
     # Output identical on every rank.
     mine = flat.double().numpy()
-    assert (reduce64(flat, MPI.MAX) == mine).all() and (reduce64(flat, MPI.MIN) == mine).all(), f"step {step}: ranks disagree"
+    assert (reduce64(flat, MPI.MAX) == mine).all() and (reduce64(flat, MPI.MIN) == mine).all(), \
+        f"step {step}: ranks disagree"
     return stats
 
 
@@ -149,7 +152,8 @@ def check_default():
     before = np.mean([s.extra["allgather_imbalance_before"] for s in log])
     after = np.mean([s.extra["allgather_imbalance_after"] for s in log])
     print(f"default P={P} rank {RANK}: local/k in [{min(loc):.2f}, {max(loc):.2f}] mean {np.mean(loc):.2f}, "
-          f"global/k in [{min(glo):.2f}, {max(glo):.2f}] mean {np.mean(glo):.2f}, guard recomputes {guards:.0f}/{steps}, "
+          f"global/k in [{min(glo):.2f}, {max(glo):.2f}] mean {np.mean(glo):.2f}, "
+          f"guard recomputes {guards:.0f}/{steps}, "
           f"allgather imbalance max/mean {before:.2f} -> {after:.2f}")
     # The nudged thresholds must do the work: the exact guard may fire only rarely.
     assert guards <= 0.05 * steps, f"guard fired {guards:.0f} times in {steps} steps"
@@ -197,7 +201,10 @@ def check_volume():
 
 def check_resume():
     n = 6000
-    make = lambda: OkTopk(comm, n, 0.02, local_threshold_interval=4, global_threshold_interval=3, repartition_interval=5)  # noqa: E731
+
+    def make():
+        return OkTopk(comm, n, 0.02, local_threshold_interval=4, global_threshold_interval=3, repartition_interval=5)
+
     a = make()
     grads = CorrelatedGradients(n, seed=3)
     seq = [grads.next() for _ in range(14)]
@@ -250,7 +257,8 @@ def check_rebalanced_steps(comp, grads, steps):
     for step in range(steps):
         stats = check_step_invariants(comp, grads.next(), step, log)
         check_regions(comp)
-        total, before, after = stats.selected_global, stats.extra["allgather_imbalance_before"], stats.extra["allgather_imbalance_after"]
+        total, before, after = (stats.selected_global, stats.extra["allgather_imbalance_before"],
+                                stats.extra["allgather_imbalance_after"])
         if comp.options.rebalance and P > 2:  # equal shares (at P = 2 the re-cut is skipped)
             assert after * total / P <= -(-total // P) + 1e-9 and after <= before + 1e-12, stats.extra
         else:
@@ -282,13 +290,16 @@ def check_complete_steps(candidate_factor):
         assert comp.k_global / 2 <= G <= 2 * comp.k_global, (step, G, comp.k_global)
         everywhere = comm.allgather_object(torch.nonzero(in_g).flatten().tolist())
         assert all(s == everywhere[0] for s in everywhere), f"step {step}: ranks applied different sets"
-        assert torch.equal(comp.residual, torch.where(in_g, torch.zeros_like(acc), acc)), f"step {step}: residual is not acc minus G"
+        assert torch.equal(comp.residual, torch.where(in_g, torch.zeros_like(acc), acc)), \
+            f"step {step}: residual is not acc minus G"
         total_acc = reduce64(acc, MPI.SUM)
         total_after = reduce64(comp.residual, MPI.SUM) + P * flat.double().numpy()
-        np.testing.assert_allclose(total_after, total_acc, rtol=1e-6, atol=1e-6 * np.abs(total_acc).max(), err_msg=f"step {step} mass")
+        np.testing.assert_allclose(total_after, total_acc, rtol=1e-6, atol=1e-6 * np.abs(total_acc).max(),
+                                   err_msg=f"step {step} mass")
         gathered = comm.allgather_object(stats.extra["bytes_recv_allgather"])  # each rank gets all G but its own block
         assert sum(gathered) == 4 * G * (P - 1), (step, gathered, G)
-        assert stats.extra["bytes_recv_complete"] == 2 * 4 * G * (P - 1) // P, (step, stats.extra["bytes_recv_complete"], G)
+        assert stats.extra["bytes_recv_complete"] == 2 * 4 * G * (P - 1) // P, \
+            (step, stats.extra["bytes_recv_complete"], G)
 
 
 CHECKS = {"exact": check_exact, "default": check_default, "unsorted": check_unsorted, "volume": check_volume,

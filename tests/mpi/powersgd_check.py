@@ -110,7 +110,8 @@ def against_pytorch(comm, options: dict, warmup: int) -> float:
         matrix_approximation_rank=options.get("matrix_approximation_rank", 1),
         min_compression_rate=options.get("min_compression_rate", 2),
         use_error_feedback=options.get("use_error_feedback", True), warm_start=options.get("warm_start", True),
-        orthogonalization_epsilon=options.get("orthogonalization_epsilon", 0), random_seed=options.get("random_seed", 0),
+        orthogonalization_epsilon=options.get("orthogonalization_epsilon", 0),
+        random_seed=options.get("random_seed", 0),
     )
     ours = build_compressor("powersgd", comm, N, shapes=SHAPES, warmup=warmup, torch_compatible=True, **options)
     inner = ours.inner if warmup else ours
@@ -169,7 +170,8 @@ def properties(comm, options: dict) -> None:
             if offset in compressed:
                 m = compressed[offset]
                 basis = comp.p_memory[m.p_offset:m.p_offset + rows * m.rank].view(rows, m.rank).double().numpy()
-                np.testing.assert_allclose(basis.T @ basis, np.eye(m.rank), atol=1e-5, err_msg=f"{where}: P not orthonormal")
+                np.testing.assert_allclose(basis.T @ basis, np.eye(m.rank), atol=1e-5,
+                                           err_msg=f"{where}: P not orthonormal")
                 projection = basis @ (basis.T @ mean[span].reshape(rows, cols))
                 np.testing.assert_allclose(out[span].reshape(rows, cols), projection, rtol=1e-4,
                                            atol=1e-5 * np.abs(projection).max(), err_msg=f"{where}: not the projection")
@@ -196,13 +198,17 @@ def properties(comm, options: dict) -> None:
         # Volume: three ring allreduces of the sizes the shapes give; the closed form.
         assert stats.bytes_sent == stats.bytes_recv == volume, (where, stats.bytes_recv, volume, sizes)
         assert abs(cost.low * 4 - volume) < 3 and (P not in (1, 2, 4) or cost.low * 4 == volume), (where, cost, volume)
-        assert stats.messages == cost.messages == 2 * (P - 1) * sum(1 for size in sizes if size), (where, stats.messages)
+        assert stats.messages == cost.messages == 2 * (P - 1) * sum(1 for size in sizes if size), \
+            (where, stats.messages)
         assert stats.selected_global == sum(sizes), where
 
 
 def resume(comm, options: dict) -> None:
     """state_dict -> torch.save -> a new compressor -> load_state_dict at step 4 continues with the same bits."""
-    build = lambda: build_compressor("powersgd", comm, N, shapes=SHAPES, warmup=WARMUP, **options)
+
+    def build():
+        return build_compressor("powersgd", comm, N, shapes=SHAPES, warmup=WARMUP, **options)
+
     whole, parts = build(), build()
     for step in range(STEPS):
         if step == 4:

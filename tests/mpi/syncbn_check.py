@@ -49,7 +49,8 @@ def buffers_hash(buffers: dict) -> str:
 def syncbn_bytes(model, P: int, grad_itemsize: int) -> int:
     """What one forward + backward of `model` must move per rank: per SyncBatchNorm of C channels,
     a ring allreduce of 2C+1 float64 statistics and one of 2C gradient sums."""
-    return sum(ring_allreduce_bytes(2 * m.num_features + 1, P, 8) + ring_allreduce_bytes(2 * m.num_features, P, grad_itemsize)
+    return sum(ring_allreduce_bytes(2 * m.num_features + 1, P, 8)
+               + ring_allreduce_bytes(2 * m.num_features, P, grad_itemsize)
                for m in model.modules() if isinstance(m, SyncBatchNorm))
 
 

@@ -99,8 +99,8 @@ def main(comm, manifests, out_dir, algorithm, memory="residual"):
         if memory != "residual":  # target 0.05^(1/2) in epoch 0, then 0.05 (TopkA's union holds up to P times k)
             density = {r["epoch"]: r["comm/density"] for r in read_metrics(crashed) if r["kind"] == "train"}
             assert density[0] > 2.5 * density[1] and density[1] <= 0.05 * comm.size, density
-        print(f"{algorithm} {memory}: P={comm.size} resume after a mid-epoch crash == uninterrupted over {len(la)} steps "
-              f"(dev {resumed['dev']['loss']:.6f}, test {resumed['test']['loss']:.6f})", flush=True)
+        print(f"{algorithm} {memory}: P={comm.size} resume after a mid-epoch crash == uninterrupted over {len(la)} "
+              f"steps (dev {resumed['dev']['loss']:.6f}, test {resumed['test']['loss']:.6f})", flush=True)
 
     if comm.size > 1 and memory == "residual":  # (the files are checked alike whatever they hold)
         copy = out / "corrupt"
