@@ -57,6 +57,14 @@ def test_ef21_memory_resumes_exactly_on_two_ranks(an4_manifests, tmp_path):
     assert "oktopk ef21: P=2 resume after a mid-epoch crash == uninterrupted over 8 steps" in out, out
 
 
+@pytest.mark.parametrize("algorithm, nprocs", [("onebit", 3), ("randomk", 2)])
+def test_quantized_exchanges_resume_exactly(an4_manifests, tmp_path, algorithm, nprocs):
+    """The 1-bit exchange (worker and server errors, uneven chunks at P = 3) and random-k (its residual and the step
+    count its shared draws follow): a mid-epoch crash resumes to the uninterrupted run's state and losses."""
+    out = check_mpi(nprocs, ["-m", "tests.mpi.train_resume", str(an4_manifests), str(tmp_path), algorithm])
+    assert f"{algorithm} residual: P={nprocs} resume after a mid-epoch crash == uninterrupted over 8 steps" in out, out
+
+
 def test_max_minutes_is_decided_by_rank_0_for_every_rank(an4_manifests, tmp_path):
     out = check_mpi(2, ["-m", "tests.mpi.train_timed", str(an4_manifests), str(tmp_path)], timeout=180)
     assert "P=2: every rank stopped where rank 0's clock said (3 epochs, then 1)" in out, out
