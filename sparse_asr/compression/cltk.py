@@ -8,8 +8,8 @@ One step, with acc = grad + residual on every rank and k = density * n:
 The update is the exact mean over ranks of acc on the leader's index set, and every rank applies all k
 entries (they all leave every rank's residual). Why it is here: with few utterances per rank, each
 rank's own top-k is driven by its own residual noise, so under Ok-Topk or TopkA a globally selected
-entry carries about one rank's value and the rest stays owed (docs/results.md, "Why does Ok-Topk lose accuracy as P grows?"); with a
-shared index set every applied entry carries all P ranks' values. Its cost: the leader's picks are one
+entry carries about one rank's value and the rest stays owed (docs/results.md, "Why does Ok-Topk lose
+accuracy as P grows?"); with a shared index set every applied entry carries all P ranks' values. Its cost: the leader's picks are one
 rank's view, which error feedback corrects over the rotation.
 
 Volume per rank: the broadcast (k int32 words, received by the P-1 others) and a ring allreduce of k
