@@ -9,8 +9,8 @@ The update is the exact mean over ranks of acc on the leader's index set, and ev
 entries (they all leave every rank's residual). Why it is here: with few utterances per rank, each
 rank's own top-k is driven by its own residual noise, so under Ok-Topk or TopkA a globally selected
 entry carries about one rank's value and the rest stays owed (docs/results.md, "Why does Ok-Topk lose
-accuracy as P grows?"); with a shared index set every applied entry carries all P ranks' values. Its cost: the leader's picks are one
-rank's view, which error feedback corrects over the rotation.
+accuracy as P grows?"); with a shared index set every applied entry carries all P ranks' values. Its
+cost: the leader's picks are one rank's view, which error feedback corrects over the rotation.
 
 Volume per rank: the broadcast (k int32 words, received by the P-1 others) and a ring allreduce of k
 float32 values, 2k(P-1)/P words: below Ok-Topk's typical 4k(P-1)/P.
