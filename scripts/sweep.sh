@@ -1,15 +1,21 @@
 #!/bin/bash
 # Every algorithm x density x rank count, each run with its own name (<prefix>-<algorithm>-d<density>-p<P>)
-# so the runs sit side by side in TensorBoard. Dense and PowerSGD ignore the density, so they run once per P
-# (<prefix>-<algorithm>-p<P>).
+# so the runs sit side by side in TensorBoard. The algorithms that ignore the density (dense, PowerSGD, the quantized
+# exchanges) run once per P (<prefix>-<algorithm>-p<P>).
 # Locally the runs go one after another (mpiexec); on a cluster each becomes one job (submit helper).
 #   scripts/sweep.sh -c configs/X.yaml [--scheduler local|pbs|slurm] [--dry-run] [key=value ...]
 set -euo pipefail
 REPO=$(realpath "$(dirname "$0")/..")
 source "$REPO/scripts/lib/args.sh"
 
-ALL_ALGORITHMS="dense topka topkdsa gtopk gaussiank oktopk cltk powersgd randomk bf16 fp16 onebit qsgd" # compression/__init__.py
-DENSITY_FREE="dense powersgd bf16 fp16 onebit qsgd" # uses_density = False in their classes: one run per P, whatever the density
+# The registry is the one list (compression/__init__.py COMPRESSORS): every algorithm, and those whose volume does not
+# depend on the density (uses_density = False: one run per P, whatever the density).
+cd "$REPO"
+source scripts/lib/tools.sh  # PYTHON
+{ read -r ALL_ALGORITHMS; read -r DENSITY_FREE; } < <("$PYTHON" -c "from sparse_asr.compression import COMPRESSORS as C
+print(' '.join(C)); print(' '.join(name for name, cls in C.items() if not cls.uses_density))") \
+    || die "could not read the algorithms from sparse_asr.compression (is the environment set up?)"
+[[ -n "$ALL_ALGORITHMS" ]] || die "could not read the algorithms from sparse_asr.compression (is the environment set up?)"
 
 usage() {
     cat <<EOF
