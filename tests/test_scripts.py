@@ -2,7 +2,6 @@
 the sweep. Dry runs must print exactly the expected qsub/sbatch and mpiexec/srun lines; real submissions
 go to fake qsub/sbatch commands that record their arguments; bad arguments exit 2 with a clear message."""
 import os
-import re
 import shlex
 import subprocess
 from pathlib import Path
