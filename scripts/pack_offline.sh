@@ -7,8 +7,10 @@
 # The folder <out>/sparse_asr-offline-py<X.Y>/ holds
 #   - the repository's tracked files as they are in this working tree, less docs/ (results), tests/
 #     (they need pytest and the SPHERE archive) and DESIGN.md (for developers); 57 MiB because a lent GPU
-#     machine receives the checkout (~3.5 MiB) and the carried bundle, 64 MiB at most together, and the two
-#     are kept under 60 MiB (tests/test_offline_bundle.py checks both),
+#     machine receives the checkout and the carried bundle, 64 MiB at most together, and the two are kept
+#     under 60 MiB (tests/test_offline_bundle.py checks both). The kept results grow with every run: call the
+#     machine from a checkout without them, `git sparse-checkout set --no-cone '/*' '!/docs/results/'`
+#     (`git sparse-checkout disable` brings them back),
 #   - AN4 as FLAC in datasets/an4/ with manifests/an4_{train,dev,test}.csv pointing at it by relative
 #     path (valid wherever the bundle is unpacked; --max-utterances N keeps the N shortest per split),
 #   - wheels/: what an image with torch, torchaudio, numpy, pandas, tensorboard, PyYAML and matplotlib
