@@ -188,25 +188,24 @@ class EF21Momentum:
         copy_checked(self.difference, state["difference"], "difference")
 
 
-class LowPassResidual:
+class LowPassResidual(ErrorFeedback):
     """ScaleCom's low-pass filtered error feedback (see the module docstring): with m the memory before the step and
     g the gradient, acc = m + g is selected from, and afterwards m <- (1 - beta) m + beta (acc - sent), where sent is
-    acc at the applied entries (0 elsewhere). beta = 1 is ErrorFeedback, bit for bit."""
+    acc at the applied entries (0 elsewhere). beta = 1 is ErrorFeedback, bit for bit. The residual, its state and
+    what it owes are error feedback's."""
 
     name = "lowpass"
-    carries_momentum = False
 
     def __init__(self, numel: int, device: torch.device, beta: float):
         if not 0.0 < beta <= 1.0:
             raise ValueError(f"lowpass memory: beta must be in (0, 1], got {beta}")
+        super().__init__(numel, device)  # the residual: m, and acc during a step
         self.beta = beta
-        self.residual = torch.zeros(numel, dtype=torch.float32, device=device)  # m, and acc during a step
         self.grad = torch.zeros(numel, dtype=torch.float32, device=device)  # this step's g: m = acc - g
 
     def accumulate(self, grad: torch.Tensor) -> torch.Tensor:
         self.grad.copy_(grad)
-        self.residual += grad
-        return self.residual
+        return super().accumulate(grad)
 
     def applied_entries(self, indices: torch.Tensor) -> None:
         """m <- acc - (1 - beta) g where nothing was sent, (1 - beta) (acc - g) where acc was sent whole."""
@@ -218,19 +217,6 @@ class LowPassResidual:
     def applied_update(self, update: torch.Tensor) -> None:
         """`update` (dense) was sent: m <- acc - beta update - (1 - beta) g."""
         self.residual.sub_(update, alpha=self.beta).sub_(self.grad, alpha=1.0 - self.beta)
-
-    def global_update(self, update: torch.Tensor) -> None:
-        """The averaged update is what the model steps along: nothing to change."""
-
-    @property
-    def owed(self) -> torch.Tensor:
-        return self.residual
-
-    def state_dict(self) -> dict:
-        return {"residual": self.residual.detach().cpu().clone()}
-
-    def load_state_dict(self, state: dict) -> None:
-        copy_checked(self.residual, state["residual"], "residual")
 
 
 MEMORIES = {cls.name: cls for cls in (ErrorFeedback, MomentumCorrection, EF21Momentum, LowPassResidual)}

@@ -12,17 +12,15 @@
 Any failure aborts all ranks with a non-zero exit code.
 """
 import gc
-import socket
-from datetime import timedelta
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook, fp16_compress_hook
 
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import build_compressor
 from sparse_asr.training.runtime import run_or_abort
+from tests.mpi.gloo import gloo_group
 
 N = 4099  # not a multiple of P
 STEPS = 5
@@ -73,21 +71,10 @@ def overflow(comm) -> None:
         assert all(np.array_equal(u, mine.numpy()) for u in comm.allgather_object(mine.numpy())), name
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def main(comm):
     torch.set_num_threads(1)
-    # As tests/mpi/powersgd_check.py: every rank is done with gloo before any tears it down, and garbage is
-    # collected only here, on the main thread, while gloo lives (its callbacks run on gloo's threads).
-    port = comm.bcast_object(free_port() if comm.rank == 0 else None)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size,
-                            timeout=timedelta(seconds=60))
-    gc.disable()
-    try:
+    with gloo_group(comm):  # tests/mpi/gloo.py: garbage is collected only here, between cases
         for name in HOOKS:
             worst = against_hook(comm, name)
             gc.collect()
@@ -96,13 +83,6 @@ def main(comm):
         overflow(comm)
         if comm.rank == 0:
             print(f"ok overflow P={comm.size}", flush=True)
-    finally:
-        gc.collect()
-        comm.barrier()
-        dist.destroy_process_group()
-        gc.collect()
-        gc.enable()
-        comm.barrier()
 
 
 if __name__ == "__main__":

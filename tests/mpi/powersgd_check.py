@@ -18,12 +18,9 @@ Any failure aborts all ranks with a non-zero exit code.
 """
 import gc
 import io
-import socket
-from datetime import timedelta
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
 from sparse_asr.comm import Communicator
@@ -31,6 +28,7 @@ from sparse_asr.compression import build_compressor
 from sparse_asr.compression.powersgd import PowerSGD
 from sparse_asr.training.runtime import run_or_abort
 from tests import reference as ref
+from tests.mpi.gloo import gloo_group
 
 # lstman4's kinds of tensors, small: conv weight (4-D) + bias + BatchNorm, a bidirectional LSTM layer
 # (its weight shapes recur out of order, so the hook's grouping of equal shapes reorders its draws), an
@@ -224,35 +222,15 @@ def resume(comm, options: dict) -> None:
     assert torch.equal(whole.inner.error, parts.inner.error) and torch.equal(whole.inner.q_memory, parts.inner.q_memory)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def main(comm):
     torch.set_num_threads(1)
-    # A TCP store on rank 0; every rank is done with gloo before any rank tears it down. The hook's future
-    # callbacks run Python on gloo's threads, and a garbage collection started there could free the process
-    # group, whose destructor then joins that very thread ("terminate called ... Resource deadlock avoided",
-    # seen once in ~10 runs under load): collections run only here, on the main thread, while gloo lives.
-    port = comm.bcast_object(free_port() if comm.rank == 0 else None)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size,
-                            timeout=timedelta(seconds=60))
-    gc.disable()
-    try:
+    with gloo_group(comm):  # tests/mpi/gloo.py: garbage is collected only here, between cases
         for options, warmup in CASES:
             worst = against_pytorch(comm, options, warmup)
             gc.collect()
             if comm.rank == 0:
                 print(f"ok hook {options} P={comm.size}: largest relative difference {worst:.3g}", flush=True)
-    finally:
-        gc.collect()
-        comm.barrier()
-        dist.destroy_process_group()
-        gc.collect()
-        gc.enable()
-        comm.barrier()
     for options in [{}, {"torch_compatible": True}, {"matrix_approximation_rank": 4, "warm_start": False},
                     {"use_error_feedback": False}]:
         properties(comm, options)
