@@ -70,28 +70,53 @@ class ErrorFeedback:
         copy_checked(self.residual, state["residual"], "residual")
 
 
-class MomentumCorrection:
-    """DGC's momentum correction with optional momentum factor masking (see the module docstring)."""
+class RankMomentum:
+    """The part of a memory that carries the optimizer's momentum (dgc, ef21): u, the momentum of this rank's
+    gradient, in the optimizer's form (heavy ball u <- m u + g, the step u; Nesterov u <- m (u + g), the step u + g).
+    The optimizer then steps without momentum."""
+
+    carries_momentum = True
+
+    def __init__(self, numel: int, device: torch.device, momentum: float, nesterov: bool = False):
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"{self.name} memory: momentum must be in [0, 1), got {momentum}")
+        self.momentum, self.nesterov = momentum, nesterov
+        self.u = torch.zeros(numel, dtype=torch.float32, device=device)
+
+    def advance(self, grad: torch.Tensor) -> None:
+        """u advanced by `grad` (the step is u, plus grad with Nesterov)."""
+        if self.nesterov:
+            self.u.add_(grad).mul_(self.momentum)
+        else:
+            self.u.mul_(self.momentum).add_(grad)
+
+    def applied_update(self, update: torch.Tensor) -> None:
+        raise ValueError(f"{self.name} memory: only a selection (a sparse compressor) can say which entries were sent")
+
+    def start_from(self, buffer: torch.Tensor) -> None:
+        """u as after momentum SGD with this momentum buffer (Nesterov's form holds momentum x buffer): benches that
+        start a memory mid-trajectory call it; what else the memory holds starts empty."""
+        self.u.copy_(buffer * self.momentum if self.nesterov else buffer)
+
+
+class MomentumCorrection(RankMomentum):
+    """DGC's momentum correction with optional momentum factor masking (see the module docstring). At density 1
+    without masking it is momentum SGD, so start_from is the state momentum SGD leaves."""
 
     name = "dgc"
-    carries_momentum = True
 
     def __init__(self, numel: int, device: torch.device, momentum: float, nesterov: bool = False,
                  masking: bool = True):
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"dgc memory: momentum must be in [0, 1), got {momentum}")
-        self.momentum, self.nesterov, self.masking = momentum, nesterov, masking
-        self.u = torch.zeros(numel, dtype=torch.float32, device=device)  # momentum
+        super().__init__(numel, device, momentum, nesterov)
+        self.masking = masking
         self.v = torch.zeros(numel, dtype=torch.float32, device=device)  # velocity accumulated, not yet sent
 
     def accumulate(self, grad: torch.Tensor) -> torch.Tensor:
         """u and v advanced by `grad`; returns v (selected from, in place)."""
+        self.advance(grad)
+        self.v.add_(self.u)
         if self.nesterov:
-            self.u.add_(grad).mul_(self.momentum)
-            self.v.add_(self.u).add_(grad)
-        else:
-            self.u.mul_(self.momentum).add_(grad)
-            self.v.add_(self.u)
+            self.v.add_(grad)
         return self.v
 
     def applied_entries(self, indices: torch.Tensor) -> None:
@@ -100,16 +125,8 @@ class MomentumCorrection:
         if self.masking:
             self.u[indices] = 0.0
 
-    def applied_update(self, update: torch.Tensor) -> None:
-        raise ValueError("dgc memory: only a selection (a sparse compressor) can say which entries were sent")
-
     def global_update(self, update: torch.Tensor) -> None:
         """The averaged velocity is the step: nothing to change."""
-
-    def start_from(self, buffer: torch.Tensor) -> None:
-        """The state after momentum SGD with this momentum buffer (DGC at density 1 without masking is momentum
-        SGD): Nesterov's form holds momentum x buffer. Benches that start a memory mid-trajectory call it."""
-        self.u.copy_(buffer * self.momentum if self.nesterov else buffer)
 
     @property
     def owed(self) -> torch.Tensor:
@@ -123,7 +140,7 @@ class MomentumCorrection:
         copy_checked(self.v, state["velocity"], "velocity")
 
 
-class EF21Momentum:
+class EF21Momentum(RankMomentum):
     """EF21-SGDM (see the module docstring). Per rank: u, the momentum of its gradient in the optimizer's form
     (heavy ball u <- m u + g, step v = u; Nesterov u <- m (u + g), v = u + g: the same buffers as dgc's, so at
     density 1 the step is exactly dense momentum SGD's), and h, its estimate of v; the exchange selects from
@@ -132,24 +149,19 @@ class EF21Momentum:
     The paper's momentum v <- (1 - eta) v + eta g is this heavy-ball buffer times eta at lr / eta."""
 
     name = "ef21"
-    carries_momentum = True
 
     def __init__(self, numel: int, device: torch.device, momentum: float, nesterov: bool = False):
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"ef21 memory: momentum must be in [0, 1), got {momentum}")
-        self.momentum, self.nesterov = momentum, nesterov
-        self.u = torch.zeros(numel, dtype=torch.float32, device=device)  # momentum of this rank's gradient
+        super().__init__(numel, device, momentum, nesterov)
         self.h = torch.zeros(numel, dtype=torch.float32, device=device)  # this rank's estimate of its v
         self.estimate = torch.zeros(numel, dtype=torch.float32, device=device)  # the ranks' mean h, on every rank
         self.difference = torch.zeros(numel, dtype=torch.float32, device=device)  # v - h: selected from, then owed
 
     def accumulate(self, grad: torch.Tensor) -> torch.Tensor:
         """u advanced by `grad`; returns d = v - h (selected from, in place)."""
+        self.advance(grad)
         if self.nesterov:
-            self.u.add_(grad).mul_(self.momentum)
             torch.add(self.u, grad, out=self.difference)
         else:
-            self.u.mul_(self.momentum).add_(grad)
             self.difference.copy_(self.u)
         return self.difference.sub_(self.h)
 
@@ -158,18 +170,10 @@ class EF21Momentum:
         self.h[indices] += self.difference[indices]
         self.difference[indices] = 0.0
 
-    def applied_update(self, update: torch.Tensor) -> None:
-        raise ValueError("ef21 memory: only a selection (a sparse compressor) can say which entries were sent")
-
     def global_update(self, update: torch.Tensor) -> None:
         """The averaged applied differences move the global estimate; the model steps along the estimate."""
         self.estimate += update
         update.copy_(self.estimate)
-
-    def start_from(self, buffer: torch.Tensor) -> None:
-        """As if it had run at density 1 with momentum SGD's buffer until now: u as dgc's; h and the estimate
-        start empty (they fill from the next exchange on)."""
-        self.u.copy_(buffer * self.momentum if self.nesterov else buffer)
 
     @property
     def owed(self) -> torch.Tensor:
