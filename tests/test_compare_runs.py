@@ -1,7 +1,7 @@
-"""scripts/compare_runs.py: runs with known scalars written by TensorBoard's writer, then real tiny training
-runs (1 and 2 ranks): the table must hold exactly what was logged, the plots must show every run."""
+"""scripts/compare_runs.py (sparse_asr/analysis/): runs with known scalars written by TensorBoard's writer, then
+real tiny training runs (1 and 2 ranks): the table must hold exactly what was logged, the plots must show every
+run."""
 import contextlib
-import importlib.util
 import io
 import json
 import math
@@ -17,16 +17,14 @@ import yaml
 from torch.utils.tensorboard import SummaryWriter
 
 from sparse_asr import stats
+from sparse_asr.analysis import compare as compare_command, keep
+from sparse_asr.analysis.paired import runs_by_label_and_seed, seed_band
+from sparse_asr.analysis.plots import x_values
+from sparse_asr.analysis.runs import Curve, Run, load_run, nearest_values, run_label
 from sparse_asr.training.runlog import read_metrics
 from tests.mpi_helpers import check_mpi
 
 REPO = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("compare_runs", REPO / "scripts" / "compare_runs.py")
-compare_runs = sys.modules.setdefault("compare_runs", importlib.util.module_from_spec(spec))
-spec.loader.exec_module(compare_runs)
-spec = importlib.util.spec_from_file_location("keep_runs", REPO / "scripts" / "keep_runs.py")
-keep_runs = sys.modules.setdefault("keep_runs", importlib.util.module_from_spec(spec))
-spec.loader.exec_module(keep_runs)
 
 PLOTS = ["curves_vs_step.png", "curves_vs_wall_time.png", "curves_vs_bytes.png"]
 COLORS = [(0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)]  # matplotlib's first two line colours (C0, C1)
@@ -51,11 +49,12 @@ def config(algorithm, density, P, model="lstman4"):
 
 
 def compare(*args) -> subprocess.CompletedProcess:
-    """compare_runs' command line, run in this process (a new interpreter costs seconds of imports)."""
+    """compare_runs' command line (sparse_asr.analysis.compare.main), run in this process (a new interpreter costs
+    seconds of imports; test_command_line runs the script itself)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
-            code = compare_runs.main([str(a) for a in args])
+            code = compare_command.main([str(a) for a in args])
         except SystemExit as e:  # errors exit with their message, as on the command line
             code = e.code if isinstance(e.code, int) else 1
             if not isinstance(e.code, int):
@@ -64,9 +63,28 @@ def compare(*args) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.tooling
-def test_command_line():
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), "--help"],
-                          capture_output=True, text=True, timeout=120)
+def test_command_line(tmp_path):
+    """The two scripts as a user and the results jobs run them (from another directory): keep a finished run,
+    then compare the kept run."""
+    run_dir = tmp_path / "runs" / "dense-s1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**config("dense", 1.0, 1), "seed": 1}))
+    rows = [{"kind": "train", "step": 1, "epoch": 0, "time": 1.0, "train/loss": 2.5},
+            {"kind": "dev", "step": 1, "epoch": 1, "time": 2.0, "dev/wer": 0.75},
+            {"kind": "test", "step": 1, "epoch": 1, "time": 3.0, "test/wer": 0.625}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def script(name, *args):
+        return subprocess.run([sys.executable, str(REPO / "scripts" / name), *map(str, args)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+
+    proc = script("keep_runs.py", run_dir, "--into", tmp_path / "kept")
+    assert proc.returncode == 0 and proc.stdout == f"{run_dir}: kept (config.yaml, metrics.jsonl.xz)\n", proc
+    proc = script("compare_runs.py", tmp_path / "kept" / "dense-s1", "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert "| dense-s1 | lstman4 | dense | 1 | 1 | 1 | 0.75 | 0.75 |  | 0.625 |" in proc.stdout
+    assert (tmp_path / "out" / "results.md").read_text() in proc.stdout
+    proc = script("compare_runs.py", "--help")
     assert proc.returncode == 0 and "--out" in proc.stdout
 
 
@@ -186,7 +204,7 @@ def test_a_run_resumed_across_the_dev_sets_rename_reads_as_one_curve(tmp_path):
     metrics.jsonl reader renames kinds and tags the same way."""
     run_dir = tmp_path / "resumed"
     write_run(run_dir, config("dense", 1.0, 2), {"val/wer": [(10, 0.9), (20, 0.8)], "dev/wer": [(30, 0.7)]})
-    run = compare_runs.load_run(run_dir)
+    run = load_run(run_dir)
     assert "val/wer" not in run.curves
     assert run.curves["dev/wer"].steps.tolist() == [10, 20, 30]
     assert run.curves["dev/wer"].values.tolist() == pytest.approx([0.9, 0.8, 0.7])
@@ -201,13 +219,13 @@ def test_a_run_resumed_across_the_dev_sets_rename_reads_as_one_curve(tmp_path):
 @pytest.mark.unit
 def test_curve_coordinates(two_runs):
     a, _ = two_runs
-    run = compare_runs.load_run(a)
+    run = load_run(a)
     wer = run.curves["dev/wer"]
-    assert compare_runs.x_values(run, wer, "step").tolist() == [10, 20]
+    assert x_values(run, wer, "step").tolist() == [10, 20]
     # wall time relative to the run's first event (step 1 at 1002 s)
-    assert compare_runs.x_values(run, wer, "wall_time").tolist() == [18.0, 38.0]
+    assert x_values(run, wer, "wall_time").tolist() == [18.0, 38.0]
     # bytes at the nearest logged step: 9 for step 10, 18 for step 20
-    assert compare_runs.x_values(run, wer, "bytes").tolist() == [9 * 1024.0, 18 * 1024.0]
+    assert x_values(run, wer, "bytes").tolist() == [9 * 1024.0, 18 * 1024.0]
 
 
 @pytest.mark.unit
@@ -215,11 +233,11 @@ def test_nearest_values_matches_brute_force():
     rng = np.random.default_rng(0)
     for _ in range(50):
         steps = np.unique(rng.integers(0, 60, size=rng.integers(1, 12)))
-        curve = compare_runs.Curve(steps, steps * 1.0, rng.normal(size=len(steps)))
+        curve = Curve(steps, steps * 1.0, rng.normal(size=len(steps)))
         queries = rng.integers(-5, 70, size=20)
         # reference: the smallest distance, the earlier step on ties (argmin takes the first)
         expected = [curve.values[np.argmin(np.abs(steps - q))] for q in queries]
-        assert compare_runs.nearest_values(curve, queries).tolist() == expected
+        assert nearest_values(curve, queries).tolist() == expected
 
 
 @pytest.mark.unit
@@ -250,7 +268,7 @@ def test_real_runs_one_and_two_ranks(an4_manifests, tmp_path):
     check_mpi(1, common + ["name=p1-dense"], timeout=300)
     check_mpi(2, common + ["name=p2-topka", "compression.algorithm=topka", "compression.density=0.05"], timeout=300)
     runs = [tmp_path / "p1-dense", tmp_path / "p2-topka"]
-    assert keep_runs.main([*map(str, runs), "--into", str(tmp_path / "kept")]) == 0
+    assert keep.main([*map(str, runs), "--into", str(tmp_path / "kept")]) == 0
     for dirs, out in ((runs, tmp_path / "compare"), (sorted((tmp_path / "kept").iterdir()), tmp_path / "compare_kept")):
         proc = compare(*dirs, "--out", out)
         assert proc.returncode == 0, proc.stderr
@@ -505,30 +523,29 @@ def test_the_last_dev_evaluations_metric_averages_exactly_the_last_five(tmp_path
 def test_paired_curves_are_the_mean_over_seeds_with_its_interval(seeded_runs, tmp_path):
     """The paired plot's data, by hand: dense's dev WER at steps 10 (0.75 on every seed: no width) and 20 (0.5,
     0.5, 0.25: mean 5/12, sd 0.1443, t(0.975, 2) = 4.3027, half-width 0.3586); topka's at its seeds 1, 2, 4."""
-    cr = compare_runs
-    runs = [cr.load_run(d) for d in seeded_runs]
-    groups = cr.runs_by_label_and_seed(runs)
-    dense = cr.seed_band(groups["dense"], "dev/wer")
+    runs = [load_run(d) for d in seeded_runs]
+    groups = runs_by_label_and_seed(runs)
+    dense = seed_band(groups["dense"], "dev/wer")
     assert list(dense["steps"]) == [10, 20] and dense["values"].shape == (3, 2)
     assert dense["mean"] == pytest.approx([0.75, 5 / 12]) and dense["low"][0] == dense["high"][0] == pytest.approx(0.75)
     assert (dense["low"][1], dense["high"][1]) == pytest.approx((5 / 12 - 0.35856, 5 / 12 + 0.35856), abs=1e-4)
-    loss = cr.seed_band(groups["oktopk"], "train/loss")
+    loss = seed_band(groups["oktopk"], "train/loss")
     assert list(loss["steps"]) == list(range(1, 21)) and loss["mean"] == pytest.approx([30.0 - s for s in range(1, 21)])
-    assert cr.seed_band(groups["topka"], "test/wer")["values"].shape == (2, 1)  # seed 2 logged none
-    assert cr.seed_band(groups["topka"], "no/such_tag") is None
+    assert seed_band(groups["topka"], "test/wer")["values"].shape == (2, 1)  # seed 2 logged none
+    assert seed_band(groups["topka"], "no/such_tag") is None
     # The loss panel's band, by hand: two seeds with train/loss 30 - step and 2 x (30 - step), running means over
     # 4 points (at step 20: 11.5 and 23), then mean and interval of the logarithms: geometric mean sqrt(11.5 x 23),
     # log half-width t(0.975, 1) x sd(ln 11.5, ln 23) / sqrt(2) = 12.7062 x (ln 2 / sqrt 2) / sqrt 2.
-    pair = {1: cr.load_run(seeded_run(tmp_path / "scaled", "a-s1", 1, 0.5, (0.75, 0.5), 8.0)),
-            2: cr.load_run(seeded_run(tmp_path / "scaled", "a-s2", 2, 0.5, (0.75, 0.5), 8.0, loss_scale=2.0))}
-    band = cr.seed_band(pair, "train/loss", window=4, log=True)
+    pair = {1: load_run(seeded_run(tmp_path / "scaled", "a-s1", 1, 0.5, (0.75, 0.5), 8.0)),
+            2: load_run(seeded_run(tmp_path / "scaled", "a-s2", 2, 0.5, (0.75, 0.5), 8.0, loss_scale=2.0))}
+    band = seed_band(pair, "train/loss", window=4, log=True)
     assert list(band["values"][:, :2].ravel()) == pytest.approx([29.0, 28.5, 58.0, 57.0])  # the window fills up
     half = 12.7062 * np.log(2) / 2
     assert band["mean"][-1] == pytest.approx(np.sqrt(11.5 * 23))
     assert (band["low"][-1], band["high"][-1]) == pytest.approx(
         (np.sqrt(11.5 * 23) * np.exp(-half), np.sqrt(11.5 * 23) * np.exp(half)), rel=1e-4)
     assert min(band["low"]) > 0  # the arithmetic interval would go below 0 here, off a log axis
-    assert cr.seed_band(pair, "train/loss")["low"][-1] < 0
+    assert seed_band(pair, "train/loss")["low"][-1] < 0
     out = tmp_path / "compare"
     proc = compare(*seeded_runs, "--out", out, "--paired-against", "dense")
     assert proc.returncode == 0, proc.stderr
@@ -546,7 +563,7 @@ def test_a_run_kept_with_only_its_metrics_compares_as_with_its_events(seeded_run
     import lzma
     kept = []
     for i, run_dir in enumerate(seeded_runs):
-        run = compare_runs.load_run(run_dir)
+        run = load_run(run_dir)
         rows = {}
         for tag, curve in run.curves.items():
             for step, wall, value in zip(curve.steps, curve.wall_times, curve.values):
@@ -558,7 +575,7 @@ def test_a_run_kept_with_only_its_metrics_compares_as_with_its_events(seeded_run
         archive, opener = ("metrics.jsonl.xz", lzma.open) if i % 2 else ("metrics.jsonl.gz", gzip.open)
         with opener(target / archive, "wt") as f:
             f.writelines(json.dumps(rows[step]) + "\n" for step in sorted(rows))
-        again = compare_runs.load_run(target)
+        again = load_run(target)
         assert set(again.curves) == set(run.curves)
         for tag, curve in run.curves.items():
             assert (list(again.curves[tag].steps) == list(curve.steps)
@@ -646,8 +663,8 @@ def test_labels_strip_only_the_configs_own_seed(tmp_path):
     for name, seed, label in (("dense-s3", 3, "dense"), ("dense-s3", 1, "dense-s3"), ("dense", 1, "dense"),
                               ("powersgd-matrix_approximation_rank4-s12", 12, "powersgd-matrix_approximation_rank4"),
                               ("-s2", 2, "-s2")):
-        run = compare_runs.Run(name, tmp_path / name, {"seed": seed}, {})
-        assert compare_runs.run_label(run) == label, (name, seed)
+        run = Run(name, tmp_path / name, {"seed": seed}, {})
+        assert run_label(run) == label, (name, seed)
 
 
 @pytest.mark.unit

@@ -1,20 +1,16 @@
-"""scripts/keep_runs.py: what it keeps of a finished run, what it skips, and what it refuses (symbolic links, a
-different run under the same name). That compare_runs reads kept real runs as the live ones:
-tests/test_compare_runs.py::test_real_runs_one_and_two_ranks."""
+"""scripts/keep_runs.py (sparse_asr/analysis/keep.py): what it keeps of a finished run, what it skips, and what
+it refuses (symbolic links, a different run under the same name). That compare_runs reads kept real runs as the
+live ones: tests/test_compare_runs.py::test_real_runs_one_and_two_ranks; the script itself as a command:
+tests/test_compare_runs.py::test_command_line."""
 import gzip
-import lzma
-import importlib.util
 import json
-import sys
+import lzma
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("keep_runs", REPO / "scripts" / "keep_runs.py")
-keep_runs = sys.modules.setdefault("keep_runs", importlib.util.module_from_spec(spec))
-spec.loader.exec_module(keep_runs)
+from sparse_asr.analysis import keep as keep_runs
 
 pytestmark = pytest.mark.unit
 
