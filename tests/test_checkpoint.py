@@ -3,16 +3,15 @@ and the best link, which config a resume continues with, refused resumes that le
 untouched, and exact resume after a crash. The multi-rank cases are in test_distributed_train.py."""
 import errno
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from sparse_asr.analysis.runs import load_run
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import build_compressor
 from sparse_asr.training.checkpoint import (INDEX, CheckpointError, Progress, RankState, TrainingState, index_digest,
@@ -26,7 +25,6 @@ from tests.mpi.train_common import (SMOKE_CONFIG, assert_one_row_per_kind_and_st
                                    run_training, step_losses, tiny_overrides, tree_digest)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-REPO = Path(__file__).resolve().parent.parent
 
 
 def make_state(step: int, config: dict | None = None, seed: int = 0) -> TrainingState:
@@ -408,10 +406,7 @@ def assert_same_losses(a_dir, b_dir, steps):
 def assert_tensorboard_matches_metrics(run_dir, steps, val_steps):
     """TensorBoard as scripts/compare_runs.py reads it (EventAccumulator, which honours the purge marker a
     resumed run writes): every step once with metrics.jsonl's value, and every epoch's validation point."""
-    spec = importlib.util.spec_from_file_location("compare_runs", REPO / "scripts" / "compare_runs.py")
-    compare_runs = sys.modules.setdefault("compare_runs", importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(compare_runs)
-    curves = compare_runs.load_run(run_dir).curves
+    curves = load_run(run_dir).curves
     losses = step_losses(run_dir)
     assert curves["train/loss"].steps.tolist() == list(range(1, steps + 1))
     assert curves["train/loss"].values.tolist() == pytest.approx([losses[s] for s in range(1, steps + 1)], rel=1e-6)
