@@ -1,0 +1,94 @@
+"""The decoders, behind one interface: `decoder.decode(log_probs (T, B, C), lengths (B,)) -> list[str]`, and
+`decoder.name`, which every reported score carries.
+
+- GreedyDecoder: best path (argmax per frame, repeats collapsed, blanks dropped; data/text.greedy_decode).
+- BeamDecoder: torchaudio's CTC beam search (flashlight-text's decoder, KenLM bundled): lexicon-free without a
+  lexicon, else restricted to the lexicon's words, scored with an ARPA n-gram when one is given:
+  score = acoustic log-prob + lm_weight * log10 P_LM + word_score * words.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sparse_asr.data.text import LABELS, greedy_decode
+
+# The beam decoder's token names, index for index with data/text.LABELS: blank, apostrophe, A-Z, word boundary.
+TOKENS = ["-", *LABELS[1:-1], "|"]
+MISSING = ("beam decoding needs the flashlight-text package (pinned in requirements.txt): run bash scripts/setup.sh "
+           "or .venv/bin/pip install flashlight-text==0.0.7")
+
+
+@dataclass(frozen=True)
+class BeamSettings:
+    """The beam's size and how the LM's score and each word are weighed (tuned on dev: decoding/tune.py)."""
+
+    beam_size: int = 50
+    lm_weight: float = 1.0
+    word_score: float = 0.0
+
+    def __post_init__(self):
+        if int(self.beam_size) < 1:
+            raise ValueError(f"beam size must be >= 1, got {self.beam_size}")
+
+
+class GreedyDecoder:
+    name = "greedy"
+
+    def decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+        return greedy_decode(log_probs, lengths)
+
+
+class BeamDecoder:
+    """CTC beam search. lexicon None: lexicon-free (any character sequence), and `lm` must be None too."""
+
+    def __init__(self, settings: BeamSettings = BeamSettings(), lexicon: str | Path | None = None,
+                 lm: str | Path | None = None, lm_label: str = "n-gram LM"):
+        if lm is not None and lexicon is None:
+            raise ValueError("a word language model needs a lexicon")
+        ctc_decoder = import_ctc_decoder()
+        self.settings, self.lexicon, self.lm = settings, lexicon, lm
+        self._decoder = ctc_decoder(lexicon=None if lexicon is None else str(lexicon), tokens=TOKENS,
+                                    lm=None if lm is None else str(lm), beam_size=int(settings.beam_size),
+                                    lm_weight=float(settings.lm_weight), word_score=float(settings.word_score),
+                                    blank_token="-", sil_token="|", unk_word="<unk>")
+        if lexicon is None:
+            self.name = f"beam {settings.beam_size}"
+        elif lm is None:
+            self.name = f"beam {settings.beam_size} + lexicon (word_score {settings.word_score:g})"
+        else:
+            self.name = (f"beam {settings.beam_size} + lexicon + {lm_label} (lm_weight {settings.lm_weight:g}, "
+                         f"word_score {settings.word_score:g})")
+
+    def decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+        if log_probs.dim() != 3:
+            raise ValueError(f"log_probs must be (T, B, C), got shape {tuple(log_probs.shape)}")
+        emissions = log_probs.detach().to("cpu", torch.float32).transpose(0, 1).contiguous()  # (B, T, C)
+        hypotheses = self._decoder(emissions, lengths.detach().cpu().to(torch.int32))
+        texts = []
+        for best in hypotheses:
+            if not best:
+                texts.append("")
+            elif self.lexicon is not None:
+                texts.append(" ".join(w for w in best[0].words if w))
+            else:
+                chars = "".join(self._decoder.idxs_to_tokens(best[0].tokens)).replace("-", "").replace("|", " ")
+                texts.append(" ".join(chars.split()))
+        return texts
+
+
+def import_ctc_decoder():
+    """torchaudio's ctc_decoder, or an ImportError that says how to install what it needs."""
+    try:
+        import flashlight.lib.text.decoder  # noqa: F401 -- what torchaudio's decoder imports
+        from torchaudio.models.decoder import ctc_decoder
+    except (ImportError, RuntimeError) as e:
+        raise ImportError(f"{MISSING} ({e})") from None
+    return ctc_decoder
+
+
+def decode_each(decoder, log_probs: list[torch.Tensor]) -> list[str]:
+    """Decode a list of (T_i, C) log-probabilities (an emissions file's), one utterance at a time."""
+    return [decoder.decode(lp[:, None], torch.tensor([lp.shape[0]]))[0] for lp in log_probs]
