@@ -18,13 +18,8 @@ step 0, where every algorithm with periodic recomputation does all of them.
 The JSON records also hold each algorithm's own per-step figures (StepStats.extra) as extra_<name>_mean
 and extra_<name>_max (means over steps; mean and max over ranks).
 
-Synthetic gradients (no model is run): the flat vector is cut into 40 "layers" (seeded sizes)
-with log-uniform scales over three decades, as gradient magnitudes differ between tensors.
-g(rank, step) = scale_layer * (0.5 * m + e(rank, step)) where m is a Laplace component shared by
-all ranks and all steps (the persistent true gradient: consecutive steps and different ranks
-select overlapping indices, as in training) and e is Student-t (3 degrees of freedom, heavy-tailed)
-noise, a fixed per-rank draw (seeded by rank) rolled by a random offset every step (fresh noise
-without redrawing 27M numbers per step).
+Synthetic gradients (no model is run): sparse_asr/compression/synthetic.py's GradientSource, 40 "layers" of
+seeded sizes and scales, a component shared by all ranks and steps plus heavy-tailed per-rank noise.
 
 Parameter shapes: when --numel is the parameter count of a model of sparse_asr.models (lstman4:
 27,569,568) the compressors get that model's real shapes, else the synthetic layers as vectors. Only
@@ -50,33 +45,11 @@ import yaml
 
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import COMPRESSORS, build_compressor
+from sparse_asr.compression.synthetic import LAYERS, GradientSource
 from sparse_asr.models import model_with_numel
 from sparse_asr.training.launch import setup_process
 
-LAYERS = 40
 WORD = 4
-
-class GradientSource:
-    """Seeded synthetic gradients (see the module docstring). Shared parts use seed `seed`; the
-    noise uses seed + 1 + rank; the per-step roll offsets depend on (seed, rank, step)."""
-
-    def __init__(self, numel: int, rank: int, seed: int = 0):
-        shared = np.random.default_rng(seed)
-        weights = shared.lognormal(0.0, 1.0, LAYERS)
-        bounds = np.concatenate([[0], np.round(np.cumsum(weights) / weights.sum() * numel)]).astype(np.int64)
-        self.layer_sizes = np.diff(bounds).tolist()
-        layer_scales = 10.0 ** shared.uniform(-3.0, 0.0, LAYERS)
-        self.scale = torch.from_numpy(np.repeat(layer_scales, np.diff(bounds)).astype(np.float32))
-        self.shared = torch.from_numpy((0.5 * shared.laplace(0.0, 1.0, numel)).astype(np.float32))
-        self.noise = torch.from_numpy(np.random.default_rng(seed + 1 + rank).standard_t(3, numel).astype(np.float32))
-        self.seed, self.rank, self.numel = seed, rank, numel
-
-    def gradient(self, step: int) -> torch.Tensor:
-        shift = int(np.random.default_rng([self.seed, self.rank, step]).integers(self.numel))
-        g = torch.roll(self.noise, shift)
-        g += self.shared
-        g *= self.scale
-        return g
 
 
 def parameter_shapes(numel: int, source: GradientSource) -> tuple[list[torch.Size], str]:

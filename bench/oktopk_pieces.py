@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from comm_volume import GradientSource
+from sparse_asr.compression.synthetic import GradientSource
 from oktopk_vs_baseline import export_baseline, load_package
 from sparse_asr.comm import Communicator
 from sparse_asr.compression import base, selection

@@ -10,7 +10,7 @@ Checks (each asserts; any failure exits non-zero on every rank):
             are still cleared exactly on S_r ∩ G on the recompute steps (the original's bug)
   volume    bytes received per rank per step, averaged over 64 steps, <= 6k(P-1)/P words
   resume    a state_dict round trip mid-run continues bit-identically
-  tracks    the count controller: on bench/comm_volume.py's gradients, the mean global and local
+  tracks    the count controller: on the benches' synthetic gradients, the mean global and local
             counts after the first 16 of 64 steps are within 5% of k
   rebalance the allgather without the re-cut to equal shares (option rebalance, on by default):
             exact against the reference, invariants over 40 default steps, shares as counted
@@ -18,10 +18,8 @@ Checks (each asserts; any failure exits non-zero on every rank):
             with all of G zeroed on every rank, mass conserved, exact bytes of the index-only
             allgather (4 per index) and of the values' ring allreduce (2 x 4 G(P-1)/P)
 """
-import importlib.util
 import sys
 import traceback
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,6 +28,7 @@ from mpi4py import MPI
 import sparse_asr.compression.oktopk as oktopk_module
 from sparse_asr.comm import Communicator
 from sparse_asr.compression.oktopk import OkTopk
+from sparse_asr.compression.synthetic import GradientSource
 from tests.reference import oktopk_expected
 
 comm = Communicator()
@@ -219,19 +218,10 @@ def check_resume():
         assert torch.equal(fa, fb) and torch.equal(a.residual, b.residual), f"resumed run diverged at step {step}"
 
 
-def comm_volume_gradients():
-    """bench/comm_volume.py's GradientSource class (bench/ is not a package)."""
-    path = Path(__file__).resolve().parents[2] / "bench" / "comm_volume.py"
-    spec = importlib.util.spec_from_file_location("comm_volume", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.GradientSource
-
-
 def check_tracks():
     n, density, steps, settle = 50000, 0.02, 64, 16
     comp = OkTopk(comm, n, density)
-    source = comm_volume_gradients()(n, RANK)
+    source = GradientSource(n, RANK)
     local, glob = [], []
     for step in range(steps):
         stats = comp.step(source.gradient(step))
