@@ -24,6 +24,7 @@ parameters) put dense allreduce beside another compressor and delegate the rest 
 """
 from __future__ import annotations
 
+import math
 import time
 import typing
 from dataclasses import dataclass, field
@@ -31,7 +32,9 @@ from dataclasses import dataclass, field
 import torch
 
 from sparse_asr.comm.communicator import CommCounts, Communicator
+from sparse_asr.compression import kernels
 from sparse_asr.compression.memory import ErrorFeedback
+from sparse_asr.compression.selection import threshold_select
 from sparse_asr.settings import build
 
 
@@ -217,7 +220,15 @@ class CompressorWrapper(Compressor):
 
 class SparseCompressor(Compressor):
     """A selection around its rank's memory (compression/memory.py; error feedback unless given another): acc is
-    held in the memory's buffer during the step, and exactly the applied entries leave it."""
+    held in the memory's buffer during the step, and exactly the applied entries leave it.
+
+    On a CPU with compression.kernels and plain error feedback, a step passes over the n entries once where it
+    took four passes: `residual += grad` and zeroing the gradient (the output's buffer) are one loop, fused also
+    with the first threshold scan of an algorithm that declares `scans_first` (its exchange selects from acc
+    through `select_above` before anything else reads acc); the output's values and the residual's clearing
+    are k-sized writes. Elsewhere the same steps run as torch ops, with the same bits."""
+
+    scans_first = False  # True: exchange's first use of acc is select_above (the scan then fuses with accumulating)
 
     def __init__(self, *args, memory=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -226,6 +237,7 @@ class SparseCompressor(Compressor):
             raise ValueError(f"{self.name}: memory holds {self.memory.owed.numel()} entries, the gradient has "
                              f"{self.numel}")
         self.index_dtype = torch.int32 if self.numel < 2**31 else torch.int64
+        self._pending = None  # in a fused step: the gradient not yet added to the residual (and not yet zeroed)
 
     @property
     def residual(self) -> torch.Tensor:
@@ -245,13 +257,57 @@ class SparseCompressor(Compressor):
 
     def step(self, flat_grad: torch.Tensor) -> StepStats:
         with self.comm.measure() as moved:
-            update = self.exchange(self.memory.accumulate(flat_grad))
-            flat_grad.zero_()
-            flat_grad[update.indices.long()] = update.values.to(flat_grad.dtype) / self.comm.size
-            self.memory.applied_entries(update.applied)
+            fused = self._fuses(flat_grad)
+            if fused:
+                self._pending = flat_grad
+                if not self.scans_first:
+                    self.accumulated()
+                acc = self.memory.residual
+            else:
+                acc = self.memory.accumulate(flat_grad)
+            update = self.exchange(acc)
+            if fused:
+                self.accumulated()  # in case the exchange never scanned acc
+                kernels.scatter_scaled(flat_grad, update.indices, update.values, self.comm.size)
+                kernels.clear(self.memory.residual, update.applied)  # ErrorFeedback.applied_entries, with no copy
+                self.memory.applied_count = update.applied.numel()  # and what it records besides
+            else:
+                flat_grad.zero_()
+                flat_grad[update.indices.long()] = update.values.to(flat_grad.dtype) / self.comm.size
+                self.memory.applied_entries(update.applied)
             self.memory.global_update(flat_grad)
         return self.stats(moved, update.selected_local, int(update.indices.numel()), update.seconds_select,
                           extra=update.extra)
+
+    def _fuses(self, flat_grad: torch.Tensor) -> bool:
+        """Whether this step runs on compression.kernels: plain error feedback (its accumulate and clearing are
+        what the kernels do) and float32 CPU vectors."""
+        residual = getattr(self.memory, "residual", None)
+        return (type(self.memory) is ErrorFeedback and kernels.available(flat_grad, residual)
+                and flat_grad.dtype == residual.dtype == torch.float32 and flat_grad.is_contiguous()
+                and residual.is_contiguous())
+
+    def accumulated(self) -> None:
+        """Make acc = residual + grad (and zero the gradient) if a fused step has not done so yet: an exchange
+        with `scans_first` calls it before reading acc other than through select_above."""
+        if self._pending is not None:
+            grad, self._pending = self._pending, None
+            kernels.accumulate_select(self.memory.residual, grad, math.inf, kernels.PairBuffer())
+
+    def select_above(self, acc: torch.Tensor, threshold: float,
+                     out: kernels.PairBuffer) -> tuple[torch.Tensor, torch.Tensor]:
+        """selection.threshold_select(acc, threshold): (indices ascending, acc at them). With the kernels they are
+        the int32 / float32 columns of `out`'s records (packed already, valid until out is used again), and the
+        first scan of a fused step also accumulates, in the same pass."""
+        if not kernels.available(acc) or acc.dtype != torch.float32:
+            self.accumulated()
+            return threshold_select(acc, threshold)
+        if self._pending is not None:
+            grad, self._pending = self._pending, None
+            count = kernels.accumulate_select(self.memory.residual, grad, threshold, out)
+        else:
+            count = kernels.select(acc, threshold, out)
+        return out.columns(count)
 
     def state_dict(self) -> dict:
         return {"memory": self.memory.state_dict()}
@@ -274,6 +330,9 @@ def pack_pairs(indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     several ranks' buffers (allgatherv, alltoallv) is still a valid buffer. Indices keep their
     integer type (never packed into floats: exact for any n)."""
     assert indices.numel() == values.numel()
+    packed = kernels.records_of(indices, values)
+    if packed is not None:  # the columns of one record buffer (a kernel's selection): packed already
+        return packed
     # Records assembled as 4-byte words (the index's, then the value's bits): byte-wide columns
     # made this copy an order of magnitude slower. Explicit widths: view(0, -1) is ambiguous.
     idx = indices.contiguous().view(torch.int32).view(indices.numel(), indices.element_size() // 4)
@@ -287,6 +346,11 @@ def pair_bytes(index_dtype: torch.dtype) -> int:
 
 
 def unpack_pairs(buf: torch.Tensor, index_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, values) of packed records. With the kernels, int32 records come back as views of buf."""
+    if index_dtype == torch.int32 and kernels.available(buf):
+        columns = kernels.record_columns(buf)
+        if columns is not None:
+            return columns
     words = torch.empty(0, dtype=index_dtype).element_size() // 4
     rec = buf.view(torch.int32).view(-1, words + 1)
     indices = torch.empty(rec.shape[0], dtype=index_dtype, device=buf.device)
@@ -301,7 +365,12 @@ def sum_pairs(indices: torch.Tensor, values: torch.Tensor,
     indices lie in [0, numel)) and at least numel / 4 pairs, by scatter-add into an n-long buffer (the
     faster way when the pairs are that many, as in TopkA's and Gaussiank's sums at large P); else by
     sorting the pairs, cheaper than touching an n-long buffer when they are few. Both add every index's
-    values in input order: the results are the same bits."""
+    values in input order: the results are the same bits. With the kernels, input that is a few sorted runs (one
+    per sender, as every algorithm's is) is merged in one linear pass instead, again the same bits."""
+    if kernels.available(indices, values) and indices.dtype in (torch.int32, torch.int64):
+        merged = kernels.sum_runs(indices, values)
+        if merged is not None:
+            return merged
     indices = indices.long()
     if numel is not None and indices.numel() * 4 >= numel:
         seen = torch.zeros(numel, dtype=torch.bool, device=values.device)

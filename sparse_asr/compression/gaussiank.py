@@ -19,6 +19,7 @@ from statistics import NormalDist
 
 import torch
 
+from sparse_asr.compression import kernels
 from sparse_asr.compression.base import Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, sum_pairs, unpack_pairs
 from sparse_asr.settings import natural, setting
 
@@ -52,14 +53,27 @@ class Gaussiank(SparseCompressor):
     def select(self, acc: torch.Tensor) -> tuple[torch.Tensor, float, int]:
         """(selected indices ascending, final threshold, corrections made)."""
         std, mean = torch.std_mean(acc, correction=0)
-        deviation = (acc - mean).abs()
+        if kernels.available(acc) and acc.dtype == torch.float32:  # each count one read of acc, no temporaries
+            def count(t):
+                return kernels.count_deviation(acc, mean, t)
+
+            def chosen(t):
+                return kernels.select_deviation(acc, mean, t)
+        else:
+            deviation = (acc - mean).abs()
+
+            def count(t):
+                return int((deviation >= t).sum().item())
+
+            def chosen(t):
+                return torch.nonzero(deviation >= t).flatten()
         t = self.z * std.item()
         lower, upper = 0.0, math.inf  # t bounds known so far (count too high at lower, too low at upper)
         for adjust in range(self.max_adjust + 1):
-            count = int((deviation >= t).sum().item())
-            if self.k / self.tolerance <= count <= self.k * self.tolerance or adjust == self.max_adjust:
+            selected = count(t)
+            if self.k / self.tolerance <= selected <= self.k * self.tolerance or adjust == self.max_adjust:
                 break
-            if count > self.k * self.tolerance:
+            if selected > self.k * self.tolerance:
                 lower = t
             else:
                 upper = t
@@ -69,7 +83,7 @@ class Gaussiank(SparseCompressor):
                 t = upper / 2.0
             else:
                 t = math.sqrt(lower * upper)
-        return torch.nonzero(deviation >= t).flatten(), t, adjust
+        return chosen(t), t, adjust
 
     def exchange(self, acc: torch.Tensor) -> SparseUpdate:
         with Timer() as timer:

@@ -51,6 +51,7 @@ kept with its repeated indices (summed into the first, 0 elsewhere) so that no s
 """
 from __future__ import annotations
 
+import bisect
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,10 +59,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sparse_asr.compression import kernels
 from sparse_asr.compression.base import (Cost, SparseUpdate, SparseCompressor, Timer, pack_pairs, pair_bytes,
                                          unpack_pairs)
-from sparse_asr.compression.selection import (intersect_unique, kth_largest_magnitude_radix, threshold_indices,
-                                              threshold_select, topk_indices, topk_threshold_select)
+from sparse_asr.compression.selection import (count_at_least, intersect_unique, kth_largest_magnitude_radix,
+                                              threshold_indices, topk_indices, topk_threshold_select)
 from sparse_asr.settings import between, positive, setting, tie
 
 # Repartition histogram: about 4 selected entries per rank per bin, at most 1024 bins (its
@@ -227,6 +229,7 @@ class OkTopkOptions:
 class OkTopk(SparseCompressor):
     name = "oktopk"
     Options = OkTopkOptions
+    scans_first = True  # the local selection is the first to read acc (on a CPU: one pass with accumulating)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -241,6 +244,11 @@ class OkTopk(SparseCompressor):
         self.global_control = CountController(options.count_gain, options.drift_gain)
         P = comm.size
         self._set_boundaries([numel * j // P for j in range(P + 1)])  # replaced on the first step
+        # compression.kernels' buffers, kept from step to step (a CPU step then allocates nothing n-sized and
+        # packs nothing twice): the local selection's records, what arrives at the owner, its merged region
+        # (indices, values) and the global selection's records
+        self._local_pairs, self._received, self._global_pairs = (kernels.PairBuffer() for _ in range(3))
+        self._region = (torch.empty(0, dtype=torch.int32), torch.empty(0, dtype=torch.float32))
 
     def set_density(self, density: float) -> None:
         """k and the targets derived from it; the thresholds then follow the new counts (their controllers, and
@@ -317,7 +325,7 @@ class OkTopk(SparseCompressor):
             applied = intersect_unique(idx, all_idx)
 
         count_local, count_global = int(idx.numel()), sum(counts)
-        local_above = int((vals.abs() >= local_threshold_used * (1 + ELASTICITY_STEP)).sum())
+        local_above = count_at_least(vals, local_threshold_used * (1 + ELASTICITY_STEP))
         local_elasticity = elasticity(count_local, local_above)
         global_elasticity = elasticity(count_global, sum(above for _, above in owner_counts))
         self.local_control.update(count_local, self.k_local, local_elasticity)
@@ -370,12 +378,15 @@ class OkTopk(SparseCompressor):
         self._bounds = torch.tensor(bounds, dtype=torch.int64, device=self.device)  # for searchsorted
 
     def _select_local(self, acc: torch.Tensor, due: bool):
-        """(selected indices, sorted; acc at them; recomputed exactly?; was that the guard?)."""
+        """(selected indices, sorted; acc at them; recomputed exactly?; was that the guard?). With the kernels
+        a reused threshold's selection is the records of self._local_pairs, found while accumulating."""
         k = self.k_local
         if not due:
-            idx, vals = threshold_select(acc, self.local_control.threshold)
+            self._local_pairs.reserve(2 * k + 1)  # what the guard band accepts fits the first time
+            idx, vals = self.select_above(acc, self.local_control.threshold, self._local_pairs)
             if in_guard_band(idx.numel(), k):
                 return idx, vals, False, False
+        self.accumulated()
         idx, t = topk_threshold_select(acc, k)
         idx = torch.sort(idx).values  # sorted already (cheap) unless a replacement method says otherwise
         self.local_control.exact(t, guard=not due)
@@ -390,11 +401,11 @@ class OkTopk(SparseCompressor):
         the guard band costs nothing unless it fires."""
         k, comm, control = self.k_global, self.comm, self.global_control
         if not due:
-            keep = threshold_indices(region_vals, control.threshold)
+            g_idx, g_vals = self._above(region_idx, region_vals, control.threshold)
             with self._phase(figures, "global_count"):
-                counts = self._owner_counts(region_vals[keep], control.threshold)
+                counts = self._owner_counts(g_vals, control.threshold)
             if in_guard_band(sum(count for count, _ in counts), k):
-                return region_idx[keep], region_vals[keep], counts, False, False
+                return g_idx, g_vals, counts, False, False
         with self._phase(figures, "global_threshold"):
             # The regions are disjoint parts of [0, n): total counts fit int32 when n does.
             count_dtype = torch.int32 if self.numel < 2**31 else torch.int64
@@ -402,13 +413,22 @@ class OkTopk(SparseCompressor):
             t = kth_largest_magnitude_radix(region_vals, k, lambda h: comm.allreduce_(h), count_dtype,
                                             near=near, max_bins=self.radix_bins)
         control.exact(t, guard=not due)
-        keep = threshold_indices(region_vals, control.threshold)
+        g_idx, g_vals = self._above(region_idx, region_vals, control.threshold)
         with self._phase(figures, "global_count"):
-            counts = self._owner_counts(region_vals[keep], control.threshold)
-        return region_idx[keep], region_vals[keep], counts, True, not due
+            counts = self._owner_counts(g_vals, control.threshold)
+        return g_idx, g_vals, counts, True, not due
+
+    def _above(self, region_idx: torch.Tensor, region_vals: torch.Tensor, threshold: float):
+        """The region's pairs with |value| >= threshold; with the kernels, as the records of self._global_pairs
+        (the allgather's message as it is)."""
+        if kernels.available(region_idx, region_vals) and region_idx.dtype == torch.int32:
+            count = kernels.select_pairs(region_idx, region_vals, threshold, self._global_pairs)
+            return self._global_pairs.columns(count)
+        keep = threshold_indices(region_vals, threshold)
+        return region_idx[keep], region_vals[keep]
 
     def _owner_counts(self, kept_vals: torch.Tensor, threshold: float) -> list[list[int]]:
-        above = int((kept_vals.abs() >= threshold * (1 + ELASTICITY_STEP)).sum())
+        above = count_at_least(kept_vals, threshold * (1 + ELASTICITY_STEP))
         return self.comm.allgather_ints([kept_vals.numel(), above])
 
     def _due(self, interval: int) -> bool:
@@ -438,24 +458,46 @@ class OkTopk(SparseCompressor):
         receives from rank-i, all posted non-blocking after one count exchange, so no owner is
         hit by all at once."""
         comm, P, r = self.comm, self.comm.size, self.comm.rank
-        cuts = torch.searchsorted(idx, self._bounds).tolist()  # region j is idx[cuts[j]:cuts[j+1]]
+        if idx.device.type == "cpu":  # a binary search per boundary (idx may be a strided view)
+            sorted_idx = idx.numpy()
+            cuts = [bisect.bisect_left(sorted_idx, b) for b in self.boundaries]
+        else:
+            cuts = torch.searchsorted(idx, self._bounds).tolist()  # region j is idx[cuts[j]:cuts[j+1]]
         send_counts = [cuts[j + 1] - cuts[j] for j in range(P)]
         recv_counts = comm.alltoall_counts(send_counts)
-        buf = pack_pairs(idx.to(self.index_dtype), vals)
+        buf = pack_pairs(idx.to(self.index_dtype), vals)  # no copy when idx, vals are a kernel's records
         pb = pair_bytes(self.index_dtype)
-        received, requests = [], []
-        for i in range(1, P):
-            src = (r - i) % P
-            if recv_counts[src]:
-                received.append(torch.empty(recv_counts[src] * pb, dtype=torch.uint8, device=buf.device))
-                requests.append(comm.irecv(received[-1], src, tag=REDUCE_TAG))
+        sources = [(r - i) % P for i in range(1, P)]  # round i receives from rank - i
+        lengths = [recv_counts[src] for src in sources]
+        kernel = kernels.available(buf) and self.index_dtype == torch.int32
+        if kernel:
+            self._received.reserve(sum(lengths))
+            arrived = self._received.raw.view(torch.uint8)
+        else:
+            arrived = torch.empty(sum(lengths) * pb, dtype=torch.uint8, device=buf.device)
+        offsets = np.cumsum([0] + lengths) * pb
+        requests = []
+        for i, src in enumerate(sources):
+            if lengths[i]:
+                requests.append(comm.irecv(arrived[offsets[i] : offsets[i + 1]], src, tag=REDUCE_TAG))
         for i in range(1, P):
             dst = (r + i) % P
             if send_counts[dst]:
                 requests.append(comm.isend(buf[cuts[dst] * pb : cuts[dst + 1] * pb], dst, tag=REDUCE_TAG))
         comm.waitall(requests)
-        runs = torch.cat([buf[cuts[r] * pb : cuts[r + 1] * pb]] + received)  # each part sorted by index
-        region_idx, region_vals = sum_sorted_runs(*unpack_pairs(runs, self.index_dtype))
+        own = buf[cuts[r] * pb : cuts[r + 1] * pb]
+        arrived = arrived[: offsets[-1]]
+        if kernel:  # one linear merge of the sorted runs, straight from the records
+            total = send_counts[r] + sum(lengths)
+            if self._region[0].numel() < total:
+                self._region = (torch.empty(2 * total, dtype=torch.int32), torch.empty(2 * total, dtype=torch.float32))
+            region = (self._region[0][:total], self._region[1][:total])
+            kernels.merge_runs(unpack_pairs(own, torch.int32), unpack_pairs(arrived, torch.int32), lengths, region,
+                               compact=False)
+            region_idx, region_vals = region
+        else:
+            runs = torch.cat([own, arrived])  # each part sorted by index
+            region_idx, region_vals = sum_sorted_runs(*unpack_pairs(runs, self.index_dtype))
         return region_idx, region_vals, sum(recv_counts) - recv_counts[r]
 
     def _allgather(self, g_idx: torch.Tensor, g_vals: torch.Tensor | None, counts: list[int], figures: dict):

@@ -10,8 +10,9 @@ Exact thresholds (the k-th largest |x|) are found by whatever is fastest on the 
 Both give the same threshold and the same (sorted) indices; either can be called on any device.
 `topk_indices` (exactly k entries, ties cut by index) is the baselines' local top-k on top of it.
 
-`threshold_indices` (every |x| >= t, sorted) scans a CPU tensor in cache-sized chunks with numpy,
-whose nonzero is several times faster than torch's on one thread; other devices use torch.
+`threshold_indices` (every |x| >= t, sorted) scans a float32 CPU tensor with compression.kernels (one pass,
+no temporaries) where numba is installed, else in cache-sized chunks with numpy, whose nonzero is several
+times faster than torch's on one thread; other devices use torch (the reference).
 
 `kth_largest_magnitude_radix` is the exact method for values spread over several ranks: a radix
 select on the float bit patterns where each round's histogram can be summed over ranks.
@@ -19,10 +20,13 @@ select on the float bit patterns where each round's histogram can be summed over
 from __future__ import annotations
 
 import math
+import threading
 from typing import Callable
 
 import numpy as np
 import torch
+
+from sparse_asr.compression import kernels
 
 SAMPLE_SIZE = 65536  # positions sampled to estimate the threshold (cheap next to one pass over n)
 SAMPLE_SIGMAS = 4.0  # how far (in binomial standard deviations) the estimate is set below the target
@@ -47,6 +51,8 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def threshold_indices(x: torch.Tensor, threshold: float) -> torch.Tensor:
     """Indices (int64, sorted ascending) of the entries with |x| >= threshold."""
+    if _kernel_scan(x):
+        return threshold_scan_kernel(x, threshold)[0]
     if _numpy_scan(x):
         return threshold_scan_cpu(x, threshold, with_values=False)[0]
     return threshold_indices_torch(x, threshold)
@@ -55,10 +61,36 @@ def threshold_indices(x: torch.Tensor, threshold: float) -> torch.Tensor:
 def threshold_select(x: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(threshold_indices(x, threshold), x at them). On CPU the values are picked up during the
     scan, while each chunk is in cache: a separate gather over a large x misses it per entry."""
+    if _kernel_scan(x):
+        return threshold_scan_kernel(x, threshold)
     if _numpy_scan(x):
         return threshold_scan_cpu(x, threshold, with_values=True)
     idx = threshold_indices_torch(x, threshold)
     return idx, x[idx]
+
+
+def _kernel_scan(x: torch.Tensor) -> bool:
+    return kernels.available(x) and x.dtype == torch.float32
+
+
+_scratch = threading.local()  # each thread's records for threshold_scan_kernel, kept between calls
+
+
+def threshold_scan_kernel(x: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """threshold_select by compression.kernels.select (a float32 CPU tensor): the records land in a kept
+    buffer, and the k-sized results are copied out of it (int64 indices, as the other paths give)."""
+    out = getattr(_scratch, "pairs", None)
+    if out is None:
+        out = _scratch.pairs = kernels.PairBuffer()
+    idx, vals = out.columns(kernels.select(x.detach(), threshold, out))
+    return idx.long(), vals.clone()
+
+
+def count_at_least(x: torch.Tensor, threshold: float) -> int:
+    """int((x.abs() >= threshold).sum()), on CPU without the temporaries."""
+    if _kernel_scan(x):
+        return kernels.count_at_least(x, threshold)
+    return int((x.abs() >= threshold).sum())
 
 
 def _numpy_scan(x: torch.Tensor) -> bool:
@@ -232,10 +264,14 @@ def kth_largest_magnitude_radix(
 def intersect_unique(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The entries of `a` that also occur in `b` (sorted, a's dtype), for `a` and `b` each without
     repeats, in any order (merge-style intersections that assume sorted inputs are how the
-    original Ok-Topk left residuals uncleared). Sorted inputs are merely faster: on CPU the one
-    sort is numpy's timsort, which merges two sorted runs in linear time."""
+    original Ok-Topk left residuals uncleared). Sorted inputs are merely faster: on CPU one linear walk
+    (compression.kernels), else one sort, numpy's timsort, which merges two sorted runs in linear time."""
     if a.numel() == 0 or b.numel() == 0:
         return a[:0]
+    if kernels.available(a, b):
+        common = kernels.intersect_sorted(a, b)  # one linear walk when both are strictly increasing
+        if common is not None:
+            return common
     if a.device.type == "cpu":
         both = np.concatenate([a.numpy(), b.numpy().astype(a.numpy().dtype, copy=False)])
         both.sort(kind="stable")
