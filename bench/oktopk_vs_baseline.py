@@ -1,27 +1,30 @@
 """Ok-Topk now vs Ok-Topk at an earlier commit, side by side in one job on the same gradient stream.
 
-    OMP_NUM_THREADS=1 mpiexec -n P .venv/bin/python bench/oktopk_vs_baseline.py --baseline 98e56a1 \
-        [--numel 27569568] [--density 0.02] [--steps 24] [--warmup 4] [--out bench/results/oktopk_vs_98e56a1_P2]
+    OMP_NUM_THREADS=1 mpiexec -n P .venv/bin/python bench/oktopk_vs_baseline.py --baseline 1579905 \
+        [--numel 27569568] [--density 0.02] [--steps 24] [--warmup 4] [--out bench/results/oktopk_vs_1579905_P2]
 
-The baseline's `compression/` and `comm/` packages are taken from the given commit with `git archive`
-(so the commit must have the flat layout of 98e56a1 and earlier, where they sit at the top of the tree)
-and loaded under those top-level names beside the installed `sparse_asr`. Every rank builds both
+The baseline's `sparse_asr/` package is taken from the given commit with `git archive` (a commit with the
+package layout) and imported as the package `sparse_asr_baseline` beside the installed `sparse_asr`: its own
+imports of sparse_asr are renamed to it when it is extracted, so an ordinary import finds it. The streaming
+floor, one `d += b` over n float32 (one pass over memory), is timed in the same steps. Every rank builds both
 compressors with their default options and feeds them identical gradients (bench/comm_volume.py's
 generator, the same step numbers); each step runs both, alternating which goes first, after a barrier,
 so a busy machine slows both alike. Per step and compressor: wall time of `exchange` and of the whole
-`step` (error feedback included), the slowest rank's; words received and messages sent per rank; the
-global count over k. Medians of the times and means of the rest are taken over the steps after
-`--warmup` (steps 0 .. warmup-1 run, untimed, so both are past their cold start). Machine load
-(os.getloadavg) is printed before and after. With --profile, rank 0 also runs each compressor's timed
-exchanges under cProfile and prints the functions that took the most time (their own time).
+`step` (error feedback included), the slowest rank's, the step also as a multiple of the floor; words
+received and messages sent per rank; the global count over k. Medians of the times and means of the rest
+are taken over the steps after `--warmup` (steps 0 .. warmup-1 run, untimed, so both are past their cold
+start). Machine load (os.getloadavg) is printed before and after. With --profile, rank 0 also runs each
+compressor's timed exchanges under cProfile and prints the functions that took the most time (their own time).
 """
 import argparse
 import cProfile
-import importlib.util
+import importlib
 import io
 import json
 import os
 import pstats
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,31 +45,36 @@ REPO = Path(__file__).resolve().parent.parent
 WORD = 4
 
 
+BASELINE_PACKAGE = "sparse_asr_baseline"
+IMPORTS = re.compile(r"^(\s*)(from|import)(\s+)sparse_asr\b", re.MULTILINE)
+
+
 def export_baseline(commit: str, into: Path) -> str:
-    """Extract compression/ and comm/ of `commit` into `into`; returns the full commit hash."""
+    """Extract sparse_asr/ of `commit` into into/sparse_asr_baseline/, its imports of sparse_asr renamed to that
+    package; with `into` on sys.path, `import sparse_asr_baseline` is the commit's code. Returns the full hash."""
     full = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{commit}^{{commit}}"],
                           capture_output=True, text=True)
     if full.returncode != 0:
         raise SystemExit(f"oktopk_vs_baseline: --baseline {commit!r} is not a commit of {REPO}: {full.stderr.strip()}")
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, "compression", "comm"],
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, "sparse_asr"],
                              capture_output=True)
     if archive.returncode != 0:
-        raise SystemExit(f"oktopk_vs_baseline: commit {commit} has no top-level compression/ and comm/ "
-                         f"(only the flat layout of 98e56a1 and earlier is supported): "
-                         f"{archive.stderr.decode().strip()}")
+        raise SystemExit(f"oktopk_vs_baseline: commit {commit} has no sparse_asr/ package (the flat layout of "
+                         f"98e56a1 and earlier is not supported): {archive.stderr.decode().strip()}")
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")
+    package = into / BASELINE_PACKAGE
+    shutil.move(into / "sparse_asr", package)
+    for source in package.rglob("*.py"):
+        source.write_text(IMPORTS.sub(rf"\1\2\3{BASELINE_PACKAGE}", source.read_text()))
     return full.stdout.strip()
 
 
-def load_package(name: str, root: Path):
-    """Import root/name as the top-level package `name` (its own absolute imports resolve to it)."""
-    spec = importlib.util.spec_from_file_location(name, root / name / "__init__.py",
-                                                  submodule_search_locations=[str(root / name)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def import_baseline(root: Path, module: str):
+    """sparse_asr_baseline.<module> from the tree export_baseline wrote under `root` (an ordinary import)."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module(f"{BASELINE_PACKAGE}.{module}")
 
 
 def timed_exchange(compressor, seconds: list, profile: cProfile.Profile | None):
@@ -104,16 +112,11 @@ def main():
     comm = Communicator()
     setup_process(comm, "cpu", threads=1)
     P, rank = comm.size, comm.rank
-    tmp = tempfile.TemporaryDirectory(prefix="oktopk-baseline-") if rank == 0 else None
-    root = comm.bcast_object(tmp.name if tmp else None)
-    commit = export_baseline(args.baseline, Path(root)) if rank == 0 else None
-    commit = comm.bcast_object(commit)
+    tmp = tempfile.TemporaryDirectory(prefix="oktopk-baseline-")  # one per rank: no shared files
+    commit = export_baseline(args.baseline, Path(tmp.name))
+    old_comm_module = import_baseline(Path(tmp.name), "comm")
+    old_compression = import_baseline(Path(tmp.name), "compression.oktopk")
     comm.barrier()
-    old_comm_module = load_package("comm", Path(root))
-    old_compression = load_package("compression", Path(root))
-    comm.barrier()
-    if tmp:
-        tmp.cleanup()
 
     source = GradientSource(args.numel, rank, args.seed)
     old_comm = old_comm_module.Communicator()
@@ -125,9 +128,16 @@ def main():
     for name, (compressor, _) in impls.items():
         timed_exchange(compressor, exchange_s[name], profiles[name])
     rows = {name: [] for name in impls}  # per timed step: (exchange s, step s, bytes recv, msgs, global/k)
+    floor_d, floor_b = torch.zeros(args.numel), torch.ones(args.numel)  # the streaming floor: one `d += b`
+    floor_s = []
     load_before = os.getloadavg()
     for step in range(args.warmup + args.steps):
         grad = source.gradient(step)
+        comm.barrier()
+        t0 = time.perf_counter()
+        floor_d += floor_b
+        if step >= args.warmup:
+            floor_s.append(time.perf_counter() - t0)
         for profile in profiles.values():
             if profile is not None:
                 profile.active = step >= args.warmup
@@ -138,7 +148,7 @@ def main():
             comm.barrier()
             with c.measure() as moved:
                 t0 = time.perf_counter()
-                stats = compressor.step(flat, step) if name == "baseline" else compressor.step(flat)
+                stats = compressor.step(flat)
                 seconds = time.perf_counter() - t0
             if step >= args.warmup:
                 rows[name].append((exchange_s[name][-1], seconds, moved.bytes_recv, moved.msgs_sent,
@@ -147,6 +157,9 @@ def main():
 
     k = new.k
     unit = 2 * k * (P - 1) / P  # words: k pairs reduced to their owners, the lower bound
+    floor_slowest = torch.tensor(floor_s, dtype=torch.float64)
+    comm.allreduce_(floor_slowest, "max")
+    floor_ms = 1e3 * statistics.median(floor_slowest.tolist())
     results = {}
     for name, per_step in rows.items():
         mine = np.array(per_step)  # steps x 5
@@ -168,19 +181,21 @@ def main():
     lines = [
         f"Ok-Topk at {commit[:7]} (baseline) vs now: P = {P}, n = {args.numel:,}, density = {args.density}, k = {k:,}, "
         f"1 thread per rank, steps {args.warmup}..{args.warmup + args.steps - 1} timed (both run every step, "
-        f"alternating which goes first); times are medians of the slowest rank's; load average (1, 5, 15 min) "
+        f"alternating which goes first); times are medians of the slowest rank's; the floor, one `d += b` over n "
+        f"timed in the same steps: {floor_ms:.1f} ms; load average (1, 5, 15 min) "
         f"{load_before[0]:.1f} {load_before[1]:.1f} {load_before[2]:.1f} before, "
         f"{load_after[0]:.1f} {load_after[1]:.1f} {load_after[2]:.1f} after, on {os.cpu_count()} cores",
         "",
         "| impl | words received/step, mean [busiest] | mean / 2k(P-1)/P | global selected / k | messages/step "
-        "| median ms per exchange | median ms per step |",
-        "|---|---|---|---|---|---|---|",
+        "| median ms per exchange | median ms per step | step / floor |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         label = f"{commit[:7]}" if name == "baseline" else "now"
         lines.append(f"| {label} | {r['words_recv_mean']:,.0f} [{r['words_recv_busiest']:,.0f}] "
                      f"| {r['words_recv_mean'] / unit:.2f} | {r['global_over_k_mean']:.2f} | {r['messages_mean']:.1f} "
-                     f"| {r['exchange_ms_median']:.0f} | {r['step_ms_median']:.0f} |")
+                     f"| {r['exchange_ms_median']:.0f} | {r['step_ms_median']:.0f} "
+                     f"| {r['step_ms_median'] / floor_ms:.1f}x |")
     lines += ["", f"now / {commit[:7]}: exchange {now['exchange_ms_median'] / base['exchange_ms_median']:.2f}x, "
                   f"step {now['step_ms_median'] / base['step_ms_median']:.2f}x"]
     for name, profile in profiles.items():
@@ -195,7 +210,7 @@ def main():
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".md").write_text(text + "\n")
         config = {"P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps,
-                  "warmup": args.warmup, "seed": args.seed, "baseline": commit,
+                  "warmup": args.warmup, "seed": args.seed, "baseline": commit, "floor_ms_median": floor_ms,
                   "loadavg_before": load_before, "loadavg_after": load_after}
         args.out.with_suffix(".json").write_text(json.dumps({"config": config, "results": results}, indent=1))
 
