@@ -8,6 +8,10 @@
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,10 +54,11 @@ class BeamDecoder:
             raise ValueError("a word language model needs a lexicon")
         ctc_decoder = import_ctc_decoder()
         self.settings, self.lexicon, self.lm = settings, lexicon, lm
-        self._decoder = ctc_decoder(lexicon=None if lexicon is None else str(lexicon), tokens=TOKENS,
-                                    lm=None if lm is None else str(lm), beam_size=int(settings.beam_size),
-                                    lm_weight=float(settings.lm_weight), word_score=float(settings.word_score),
-                                    blank_token="-", sil_token="|", unk_word="<unk>")
+        with kenlm_quiet():
+            self._decoder = ctc_decoder(lexicon=None if lexicon is None else str(lexicon), tokens=TOKENS,
+                                        lm=None if lm is None else str(lm), beam_size=int(settings.beam_size),
+                                        lm_weight=float(settings.lm_weight), word_score=float(settings.word_score),
+                                        blank_token="-", sil_token="|", unk_word="<unk>")
         if lexicon is None:
             self.name = f"beam {settings.beam_size}"
         elif lm is None:
@@ -77,6 +82,26 @@ class BeamDecoder:
                 chars = "".join(self._decoder.idxs_to_tokens(best[0].tokens)).replace("-", "").replace("|", " ")
                 texts.append(" ".join(chars.split()))
         return texts
+
+
+@contextlib.contextmanager
+def kenlm_quiet():
+    """Hold back what KenLM writes to the process's stderr while it loads an ARPA file (a progress bar per
+    decoder built); shown after all if the load fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def import_ctc_decoder():

@@ -1,0 +1,162 @@
+"""Does the gap between exchanges survive a better decoder? Test WER of kept runs decoded greedily, by a beam, a beam
+with the training lexicon, and a beam with lexicon + n-gram LM (and, with --checkpoints, the averaged checkpoints
+with lexicon + LM), paired by seed against dense with 95% t intervals (sparse_asr/stats.py).
+
+    .venv/bin/python bench/decoder_table.py docs/results/verdict_p4x4/runs [--checkpoints /work/verdict_p4x4/runs]
+        [--average 2 --average-by last] [--out docs/results/decoder_table.json]
+
+Runs are directories <algorithm>-s<seed> holding emissions_dev.npz and emissions_test.npz. Every run's beam
+settings are tuned on its own dev emissions (decoding/tune.py's grid; never test), the LM is built from
+manifests/an4_train.csv only. The averaged row recomputes the test emissions of the averaged model on this CPU and
+decodes them with the run's dev-tuned LM settings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from sparse_asr.decoding import BeamDecoder, BeamSettings, GreedyDecoder, decode_each
+from sparse_asr.decoding.lm import lm_dir_for, lm_files
+from sparse_asr.decoding.tune import references, tune
+from sparse_asr.fileio import atomic_write_text
+from sparse_asr.stats import paired_interval
+from sparse_asr.training.emissions import load_emissions
+from sparse_asr.training.scoring import ErrorCounts
+
+COLUMNS = ("greedy", "beam", "beam + lexicon", "beam + lexicon + LM")
+AVERAGED = "averaged + beam + lexicon + LM"
+
+
+def wer_of(decoder, log_probs, refs) -> tuple[float, float]:
+    """(corpus WER, seconds spent decoding)."""
+    t0 = time.perf_counter()
+    counts = ErrorCounts()
+    for ref, hyp in zip(refs, decode_each(decoder, log_probs)):
+        counts.add(ref, hyp)
+    return counts.summary()["wer"], time.perf_counter() - t0
+
+
+def averaged_emissions(run_dir: Path, n: int, by: str, manifest: str) -> tuple[list, list[str], list]:
+    """(utterance ids, log-probs) of the averaged model of a run's checkpoints on `manifest`, and what was averaged."""
+    from sparse_asr.comm import Communicator
+    from sparse_asr.data.dataset import SpeechDataset
+    from sparse_asr.models import build_model
+    from sparse_asr.training.averaging import averaged_model
+    from sparse_asr.training.evaluation import evaluate
+    from sparse_asr.training.launch import setup_process
+
+    comm = Communicator()
+    device = setup_process(comm, "cpu").device
+    state, shared, chosen = averaged_model(run_dir, n, by)
+    model = build_model(shared["config"]["model"]["name"])
+    model.load_state_dict(state)
+    result = evaluate(model.to(device), SpeechDataset(manifest), comm, device, keep_emissions=True)
+    return [u for u, _ in result.emissions], [lp for _, lp in result.emissions], chosen
+
+
+def run_row(run_dir: Path, lm_dir: Path, args) -> dict:
+    lexicon, arpa = lm_files(lm_dir)
+    dev_ids, dev_lp = load_emissions(run_dir / "emissions_dev.npz")
+    print(f"{run_dir.name}: tuning on {len(dev_ids)} dev utterances", flush=True)
+    _, grid = tune([(dev_lp, references(args.dev_manifest, dev_ids))], lm_dir, log=lambda line: None)
+    best_lm = min((r for r in grid if r["lm_weight"] > 0), key=lambda r: (r["wer"], r["beam_size"], r["lm_weight"]))
+    best_lex = min((r for r in grid if r["lm_weight"] == 0), key=lambda r: (r["wer"], r["beam_size"]))
+    test_ids, test_lp = load_emissions(run_dir / "emissions_test.npz")
+    refs = references(args.test_manifest, test_ids)
+    lm_settings = BeamSettings(best_lm["beam_size"], best_lm["lm_weight"], best_lm["word_score"])
+    decoders = {"greedy": GreedyDecoder(), "beam": BeamDecoder(BeamSettings(best_lm["beam_size"])),
+                "beam + lexicon": BeamDecoder(BeamSettings(best_lex["beam_size"], 0.0, best_lex["word_score"]),
+                                              lexicon),
+                "beam + lexicon + LM": BeamDecoder(lm_settings, lexicon, arpa)}
+    row = {"run": run_dir.name, "utterances": len(test_ids), "tuned": {"lm": best_lm, "lexicon": best_lex},
+           "wer": {}, "seconds": {}, "decoders": {}}
+    for column, decoder in decoders.items():
+        row["wer"][column], row["seconds"][column] = wer_of(decoder, test_lp, refs)
+        row["decoders"][column] = decoder.name
+    if args.checkpoints:
+        ids, log_probs, chosen = averaged_emissions(Path(args.checkpoints) / run_dir.name, args.average,
+                                                    args.average_by, args.test_manifest)
+        row["wer"][AVERAGED], row["seconds"][AVERAGED] = wer_of(decoders["beam + lexicon + LM"], log_probs,
+                                                                references(args.test_manifest, ids))
+        row["averaged"] = [f"{path.name} (dev WER {wer:.4f})" if wer is not None else path.name
+                           for path, wer in chosen]
+    print("  " + "  ".join(f"{c} {w:.4f}" for c, w in row["wer"].items()), flush=True)
+    return row
+
+
+def paired(rows: dict[str, dict], columns) -> list[tuple[str, str, list, object]]:
+    """(algorithm, column, per-seed relative differences in %, interval) against dense-s<seed>."""
+    out = []
+    names = {m.groups(): name for name in rows if (m := re.fullmatch(r"(.+)-s(\d+)", name))}
+    algorithms = sorted({a for a, _ in names} - {"dense"})
+    for algorithm in algorithms:
+        seeds = sorted(s for a, s in names if a == algorithm and ("dense", s) in names)
+        for column in columns:
+            diffs = [100 * (rows[f"{algorithm}-s{s}"]["wer"][column] / rows[f"dense-s{s}"]["wer"][column] - 1)
+                     for s in seeds if column in rows[f"{algorithm}-s{s}"]["wer"]
+                     and column in rows[f"dense-s{s}"]["wer"]]
+            if diffs:
+                out.append((algorithm, column, diffs, paired_interval(diffs)))
+    return out
+
+
+def markdown(rows: dict[str, dict], columns) -> str:
+    lines = ["| run | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, row in sorted(rows.items()):
+        lines.append(f"| {name} | " + " | ".join(f"{row['wer'][c]:.4f}" if c in row["wer"] else "" for c in columns)
+                     + " |")
+    lines += ["", "| vs dense, paired by seed | seeds | " + " | ".join(columns) + " |",
+              "|---" * (len(columns) + 2) + "|"]
+    by_algorithm = {}
+    for algorithm, column, diffs, interval in paired(rows, columns):
+        text = f"{interval.mean:+.1f}%" + ("" if interval.low is None else
+                                            f" [{interval.low:+.1f}%, {interval.high:+.1f}%]")
+        by_algorithm.setdefault(algorithm, (len(diffs), {}))[1][column] = text
+    for algorithm, (n, cells) in by_algorithm.items():
+        lines.append(f"| {algorithm} | {n} | " + " | ".join(cells.get(c, "") for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", help="a directory of kept runs (<algorithm>-s<seed>/emissions_{dev,test}.npz)")
+    parser.add_argument("--train-manifest", default="manifests/an4_train.csv")
+    parser.add_argument("--dev-manifest", default="manifests/an4_dev.csv")
+    parser.add_argument("--test-manifest", default="manifests/an4_test.csv")
+    parser.add_argument("--order", type=int, default=3, help="n-gram order (default 3)")
+    parser.add_argument("--checkpoints", help="a directory of the same runs with their checkpoints/ (read only): "
+                        "adds the averaged row")
+    parser.add_argument("--average", type=int, default=2, help="checkpoints to average (default 2)")
+    parser.add_argument("--average-by", choices=("dev", "last"), default="last")
+    parser.add_argument("--out", help="also write every figure, the tuned settings and the table here (JSON)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    lm_dir = lm_dir_for(args.train_manifest, args.order)
+    run_dirs = sorted(d for d in Path(args.runs).iterdir() if (d / "emissions_test.npz").is_file()
+                      and (d / "emissions_dev.npz").is_file())
+    if not run_dirs:
+        sys.exit(f"decoder_table: no run under {args.runs} holds emissions_dev.npz and emissions_test.npz")
+    rows = {d.name: run_row(d, lm_dir, args) for d in run_dirs}
+    columns = COLUMNS + ((AVERAGED,) if args.checkpoints else ())
+    table = markdown(rows, columns)
+    print("\ntest WER (LM: " + json.loads((lm_dir / "lm.json").read_text())["smoothing"] + f", order {args.order}, "
+          f"{args.train_manifest} only; beam settings tuned on each run's dev emissions)\n")
+    print(table)
+    seconds = {c: sum(r["seconds"][c] for r in rows.values()) / sum(r["utterances"] for r in rows.values())
+               for c in columns}
+    print("\ndecoding time per test utterance: " + ", ".join(f"{c} {1000 * s:.1f} ms" for c, s in seconds.items()))
+    if args.out:
+        atomic_write_text(args.out, json.dumps({"rows": rows, "table": table, "ms_per_utterance": {
+            c: round(1000 * s, 2) for c, s in seconds.items()}}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
