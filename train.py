@@ -5,8 +5,9 @@
     python train.py --resume runs/NAME [train.epochs=40 ...]         (its own config; safe keys may change)
     python train.py --config configs/an4_cpu.yaml name=NAME --resume auto     (chained batch jobs)
 
-The job is sparse_asr.training.launch.run_job: config -> start_run (data, model, compressor, restored
-state; everything that can refuse the run is checked before anything is written) -> Trainer.fit().
+The job is sparse_asr.training.launch.run_job: the request (the configuration parsed once, here) -> under the
+run directory's lock one plan (fresh or resumed, config resolved, data and checkpoint checked: everything that
+can refuse the run, before anything is written) -> start_run (model, exchange, restored state) -> Trainer.fit().
 Any exception on any rank ends the whole job.
 """
 import os
@@ -18,7 +19,6 @@ signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 from sparse_asr.comm import Communicator  # noqa: E402
 from sparse_asr.training.runtime import StartupGuard, run_or_abort  # noqa: E402
@@ -38,31 +38,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)  # overrides may come before and after the flags
 
 
-def startup_timeout(args) -> float:
-    """distributed.timeout_s of the run about to start, read before MPI is up (0 if it cannot be read: then
-    run_job names the problem once MPI is up)."""
-    from sparse_asr.training.config import load_config
-
-    config = args.config
-    if not config and args.resume not in ("", "auto") and (Path(args.resume) / "config.yaml").is_file():
-        config = Path(args.resume) / "config.yaml"  # a run directory: its resolved config
-    try:
-        return load_config(config, args.overrides).distributed.timeout_s
-    except Exception:  # noqa: BLE001 -- reported by run_job
-        return 0.0
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
-    guard = StartupGuard(startup_timeout(args))  # a rank stalled before MPI is up must not hang the others
+    from sparse_asr.training.plan import read_request  # (imports torch: after the argument check)
+
+    try:  # the configuration, parsed and validated once, before MPI is up: it holds the start-up guard's timeout
+        request, problem = read_request(args.config, args.overrides, args.resume, args.overwrite), None
+    except Exception as e:  # noqa: BLE001 -- a ConfigError above all: reported once MPI is up, as every error is
+        request, problem = None, e
+    guard = StartupGuard(request.timeout_s if request else 0.0)  # a rank stalled before MPI is up must not hang
     comm = Communicator()
     guard.disarm()
     from sparse_asr.training.launch import run_job  # heavy imports after the argument check: errors are instant
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt: run_or_abort ends the job
-
-    run_or_abort(comm, run_job, comm, args.config, args.overrides, args.resume, args.overwrite)
+    if problem is not None:
+        run_or_abort(comm, raise_, problem)
+    run_or_abort(comm, run_job, comm, request)
     return 0
+
+
+def raise_(error: Exception):
+    raise error
 
 
 if __name__ == "__main__":

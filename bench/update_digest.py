@@ -1,8 +1,9 @@
 """A fingerprint of what every registered compressor computes: the SHA-256 of its updates and memory (residual,
 or PowerSGD's error) over STEPS steps of the reference gradients (tests/mpi/compressor_check.py's), per
-algorithm, on this job's ranks. Run it on two trees (e.g. before and after a refactor, PYTHONPATH=OLD_TREE) to
-show that the refactor changed no bit; the same CPU and kernels on both sides, since rounding differs between
-them.
+algorithm and, for every selection, per other memory of MEMORIES (rows ALGORITHM+MEMORY, the config's default
+settings), on this job's ranks. Each is built as a run builds its exchange (compression.build_exchange). Run it
+on two trees (e.g. before and after a refactor, PYTHONPATH=OLD_TREE) to show that the refactor changed no bit;
+the same CPU and kernels on both sides, since rounding differs between them.
 
     mpiexec -n P .venv/bin/python bench/update_digest.py [--steps 40]
 """
@@ -15,7 +16,8 @@ import numpy as np
 import torch
 
 from sparse_asr.comm import Communicator
-from sparse_asr.compression import COMPRESSORS, build_compressor
+from sparse_asr.compression import COMPRESSORS, DEFAULT_MEMORY, MEMORIES, build_exchange, sparse_algorithms
+from sparse_asr.training.config import CompressionConfig, OptimConfig
 from sparse_asr.training.launch import setup_process
 
 N = 2999  # as tests/mpi/compressor_check.py
@@ -27,9 +29,10 @@ def gradient(step: int, rank: int) -> np.ndarray:
     return (0.5 * shared + own).astype(np.float32)
 
 
-def digest(comm, name: str, steps: int) -> str:
+def digest(comm, name: str, steps: int, memory: str = DEFAULT_MEMORY) -> str:
     density = 1.0 if name == "dense" else 0.02
-    comp = build_compressor(name, comm, N, density)
+    section = CompressionConfig(algorithm=name, density=density, warmup_steps=0, memory=memory)
+    comp = build_exchange(section, OptimConfig(), comm, [(N,)])
     h = hashlib.sha256()
     for step in range(steps):
         flat = torch.from_numpy(gradient(step, comm.rank))
@@ -50,6 +53,8 @@ def main() -> None:
     comm = Communicator()
     setup_process(comm, "cpu", threads=1)
     rows = [(name, digest(comm, name, args.steps)) for name in sorted(COMPRESSORS)]
+    rows += [(f"{name}+{memory}", digest(comm, name, args.steps, memory))
+             for name in sparse_algorithms() for memory in MEMORIES if memory != DEFAULT_MEMORY]
     if comm.rank == 0:
         print(f"| algorithm | P | SHA-256 of {args.steps} steps' updates and memories (first 16 hex) |\n|---|---|---|")
         for name, value in rows:

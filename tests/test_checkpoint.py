@@ -18,8 +18,9 @@ from sparse_asr.training.checkpoint import (INDEX, CheckpointError, Progress, Ra
                                             check_state_fits, find_checkpoint, load_shared, load_training_state,
                                             rng_state, save_training_state, set_rng_state)
 from sparse_asr.training.config import ConfigError, load_config, to_dict
-from sparse_asr.training.launch import check_fits, resolve_for_run, start_run
-from sparse_asr.training.resume import SAFE_TO_CHANGE, config_for_run
+from sparse_asr.training.launch import check_fits, prepare_run, resolve_for_run, start_run
+from sparse_asr.training.plan import read_request
+from sparse_asr.training.resume import SAFE_TO_CHANGE, run_config
 from sparse_asr.training.trainer import Trainer
 from tests.mpi.train_common import (SMOKE_CONFIG, assert_one_row_per_kind_and_step, flip_byte, read_metrics,
                                    run_training, step_losses, tiny_overrides, tree_digest)
@@ -250,6 +251,11 @@ def test_a_compressor_state_that_does_not_fit_is_named():
 
 
 # ------------------------------------------------------------------------------------------- which config
+def config_for_run(config, overrides, resume, world_size):
+    """What a start decides under its lock: the request read, then the config and checkpoint it continues."""
+    return run_config(read_request(config, overrides, resume), world_size)
+
+
 @pytest.fixture
 def saved_run(tmp_path):
     """runs/exp with one checkpoint of configs/smoke.yaml (+ train.epochs=3), as a real run leaves it."""
@@ -364,7 +370,7 @@ def test_a_checkpoint_that_does_not_fit_the_trainer_is_refused(an4_manifests, tm
 
     def trainer(name, algorithm, resume="", **settings):
         overrides = tiny_overrides(an4_manifests, tmp_path, name, compression__algorithm=algorithm, **settings)
-        return start_run(resolve_for_run(load_config(SMOKE_CONFIG, overrides), comm), comm, resume=resume)
+        return start_run(prepare_run(resolve_for_run(load_config(SMOKE_CONFIG, overrides), comm), comm, resume), comm)
 
     dense, oktopk = trainer("dense", "dense"), trainer("ok", "oktopk")
     with pytest.raises(CheckpointError, match="compressor state does not fit this run: missing boundaries, "

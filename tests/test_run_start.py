@@ -2,8 +2,9 @@
 --overwrite or resuming); a refused start leaves no run directory behind; every audio file is checked
 before the first step and every bad manifest line is named at once. One process, the tiny model on real
 AN4 utterances (the 2-rank audio check is in test_runtime.py)."""
-import importlib.util
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -141,20 +142,54 @@ def test_every_bad_audio_file_is_named_before_the_first_step(tiny_manifest, tmp_
     assert steps == [] and not (tmp_path / "runs").exists()
 
 
-def test_the_configuration_walks_through_start_up_inside_the_package(an4_manifests, tmp_path):
-    """bench/config_walk.py traces run_job up to training: every function that receives the configuration is the
-    package's (none climbs back into train.py, scripts/ or bench/), and the walk passes where the configuration is
-    used (the one checker, the run's start, the compressor, the trainer), so an empty trace cannot pass."""
-    spec = importlib.util.spec_from_file_location("config_walk", REPO / "bench" / "config_walk.py")
-    config_walk = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(config_walk)
-    stops = config_walk.walk(str(SMOKE_CONFIG), tiny_overrides(an4_manifests, tmp_path, "walk",
-                                                               compression__algorithm="oktopk"))
+def walk(*arguments: str) -> str:
+    """bench/config_walk.py's table (and --list's stops) for these arguments."""
+    done = subprocess.run([sys.executable, "bench/config_walk.py", "--list", *arguments], cwd=REPO, text=True,
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_configuration_walks_through_start_up_inside_the_package_parsed_and_resolved_once(an4_manifests,
+                                                                                              tmp_path):
+    """bench/config_walk.py traces start-up (read_request, run_job) up to training: every function that receives
+    the configuration is the package's (none climbs back into train.py, scripts/ or bench/), the walk passes where
+    the configuration is used (the one checker, the plan, the exchange, the trainer), so an empty trace cannot
+    pass; and the configuration is parsed once and resolved once."""
+    overrides = [o for o in tiny_overrides(an4_manifests, tmp_path, "walk", compression__algorithm="oktopk")
+                 if not o.startswith(("out_dir=", "name="))]  # the walk's own throw-away directory
+    out = walk("--config", str(SMOKE_CONFIG), *overrides)
+    stops = [line.strip().split(": ", 1) for line in out.splitlines() if line.startswith("  ") and ".py: " in line]
     assert [module for module, _ in stops if not module.startswith("sparse_asr/")] == []
-    assert {"check", "start_run", "make_compressor", "Trainer.__init__"} <= {function for _, function in stops}
-    assert Trainer.fit.__name__ == "fit"  # put back after the walk
-    # what counts as the project's code: the package, scripts and benches, never the virtual environment
-    assert config_walk.repository_module(str(REPO / "bench" / "config_walk.py")) == "bench/config_walk.py"
-    assert config_walk.repository_module(str(REPO / "train.py")) == "train.py"
-    assert config_walk.repository_module(str(REPO / ".venv" / "lib" / "torch.py")) is None
-    assert config_walk.repository_module("<string>") is None
+    assert {"check", "prepare_run", "build_exchange", "Trainer.__init__"} <= {function for _, function in stops}
+    row = out.splitlines()[-1].split(" | ")
+    assert row[1:2] == ["fresh"] and row[5:7] == ["1", "1"], out  # parses, resolutions
+    assert "check x" not in row[7] and "resolve" not in row[7], out
+
+
+def test_a_resume_builds_one_plan_from_one_reading_of_each_config(an4_manifests, tmp_path, monkeypatch):
+    """A resumed start (here with a safe change) reads the checkpoint's saved config once and the request's
+    overrides onto it once, resolves once and builds one plan; a fresh start parses its config once."""
+    from sparse_asr.training import config, launch, resume
+
+    counts = {"parses": 0, "resolutions": 0, "plans": 0}
+
+    def counting(module, name, key):
+        original = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            counts[key] += 1
+            return original(*args, **kwargs)
+        monkeypatch.setattr(module, name, counted)
+
+    counting(config, "build_config", "parses")  # load_config's and the checkpoint's (resume.py's own name below)
+    counting(resume, "build_config", "parses")
+    counting(resume, "resolve_world_size", "resolutions")
+    counting(launch, "resolve_world_size", "resolutions")
+    counting(launch, "RunPlan", "plans")
+    run_training(tiny_overrides(an4_manifests, tmp_path, "once", train__epochs=1))
+    assert counts == {"parses": 1, "resolutions": 1, "plans": 1}
+    counts.update(parses=0, resolutions=0, plans=0)
+    run_training(["train.epochs=2"], resume=str(tmp_path / "once"), config=None)
+    assert counts == {"parses": 2, "resolutions": 1, "plans": 1}  # the saved config, then with train.epochs=2
+    assert sorted(step_losses(tmp_path / "once")) == list(range(1, 9))

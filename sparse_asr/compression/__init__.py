@@ -1,5 +1,9 @@
-"""Registry of gradient compressors by config name. Adding an algorithm: its own file, one line here,
-and its reference in tests/reference.py (see README, "Adding a compressor")."""
+"""Registry of gradient compressors by config name, and the one call that builds a run's exchange from its
+config (build_exchange: the compressor from COMPRESSORS, its memory from MEMORIES, the dense parts around it).
+Adding an algorithm: its own file, one line here, and its reference in tests/reference.py (see README, "Adding
+a compressor")."""
+import torch
+
 from sparse_asr.compression.base import (Compressor, CompressorWrapper, Cost, SparseCompressor,
                                          SparseUpdate, StepStats)
 from sparse_asr.compression.cltk import CLTk
@@ -8,7 +12,7 @@ from sparse_asr.compression.density_warmup import DensityWarmup, warmup_density
 from sparse_asr.compression.gaussiank import Gaussiank
 from sparse_asr.compression.gtopk import GTopk
 from sparse_asr.compression.half import BF16Allreduce, FP16Allreduce
-from sparse_asr.compression.memory import MEMORIES, ErrorFeedback, MomentumCorrection
+from sparse_asr.compression.memory import DEFAULT_MEMORY, MEMORIES, ErrorFeedback, MomentumCorrection
 from sparse_asr.compression.oktopk import OkTopk
 from sparse_asr.compression.onebit import OneBit
 from sparse_asr.compression.powersgd import PowerSGD
@@ -50,6 +54,24 @@ def build_compressor(name: str, comm, numel: int, density: float = 1.0, device="
     return DenseWarmup(compressor, warmup) if warmup else compressor
 
 
+def build_exchange(compression, optim, comm, shapes, device="cpu", warmup: int = 0) -> Compressor:
+    """The gradient exchange a compression section describes (training/config.py's CompressionConfig, or any
+    object with its fields) for parameters of these `shapes`: COMPRESSORS[algorithm] with its options, selecting
+    from MEMORIES[memory] (built by its from_settings; `optim`, the optimizer section, gives the momentum a
+    memory may carry), DGC's density warm-up, the 1-D parameters averaged densely beside it if dense_1d, all
+    behind `warmup` dense steps. What a run, bare_trainer and the benches build."""
+    shapes = [torch.Size(s) for s in shapes]
+    numel = sum(s.numel() for s in shapes)
+    if compression.memory not in MEMORIES:
+        raise ValueError(f"unknown compression.memory {compression.memory!r}; known: {', '.join(MEMORIES)}")
+    memory = None  # the default is the compressor's own (error feedback; the only memory dense or PowerSGD take)
+    if compression.memory != DEFAULT_MEMORY:
+        memory = MEMORIES[compression.memory].from_settings(numel, device, compression, optim)
+    return build_compressor(compression.algorithm, comm, numel, compression.density, device, shapes=shapes,
+                            warmup=warmup, dense_1d=compression.dense_1d, memory=memory,
+                            density_warmup_epochs=compression.density_warmup_epochs, **compression.options)
+
+
 def sparse_algorithms() -> list[str]:
     """The algorithms that select entries (and so can take any memory)."""
     return sorted(n for n, cls in COMPRESSORS.items() if issubclass(cls, SparseCompressor))
@@ -69,6 +91,7 @@ def memory_problem(algorithm: str, memory: str, warmup_steps, dense_1d: bool) ->
     return None
 
 
-__all__ = ["COMPRESSORS", "MEMORIES", "Compressor", "CompressorWrapper", "Cost", "DensityWarmup", "DenseVectors",
-           "DenseWarmup", "ErrorFeedback", "MomentumCorrection", "SparseCompressor", "SparseUpdate", "StepStats",
-           "build_compressor", "memory_problem", "sparse_algorithms", "warmup_density", "warmup_steps"]
+__all__ = ["COMPRESSORS", "DEFAULT_MEMORY", "MEMORIES", "Compressor", "CompressorWrapper", "Cost", "DensityWarmup",
+           "DenseVectors", "DenseWarmup", "ErrorFeedback", "MomentumCorrection", "SparseCompressor", "SparseUpdate",
+           "StepStats", "build_compressor", "build_exchange", "memory_problem", "sparse_algorithms", "warmup_density",
+           "warmup_steps"]

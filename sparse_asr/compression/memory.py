@@ -25,7 +25,9 @@ sparse compressor that is swappable (`compression.memory`, in the manner of GRAC
 After the exchange the base class hands the averaged update to `memory.global_update(update)`, which may replace
 it with what the model should step along (EF21's estimate); the others leave it as it is.
 
-A memory's state is its own, saved under one key of the compressor's state (`memory`).
+A memory's state is its own, saved under one key of the compressor's state (`memory`). Each is built from the
+config's sections by its own `from_settings` (compression.build_exchange looks it up in MEMORIES), and says how
+many of this rank's entries the last exchange applied whole (`applied_count`, for benches).
 """
 from __future__ import annotations
 
@@ -41,6 +43,12 @@ class ErrorFeedback:
 
     def __init__(self, numel: int, device: torch.device):
         self.residual = torch.zeros(numel, dtype=torch.float32, device=device)
+        self.applied_count: int | None = None  # entries the last exchange applied whole (None: none selected yet)
+
+    @classmethod
+    def from_settings(cls, numel: int, device, compression, optim) -> ErrorFeedback:
+        """This memory for `numel` entries with its settings from the config's compression and optim sections."""
+        return cls(numel, torch.device(device))
 
     def accumulate(self, grad: torch.Tensor) -> torch.Tensor:
         """residual += grad; returns the residual buffer, which now holds acc."""
@@ -50,6 +58,7 @@ class ErrorFeedback:
     def applied_entries(self, indices: torch.Tensor) -> None:
         """These entries of acc went into the update whole: nothing of them is owed any more."""
         self.residual[indices.long()] = 0.0
+        self.applied_count = indices.numel()
 
     def applied_update(self, update: torch.Tensor) -> None:
         """`update` (dense, e.g. a low-rank approximation of acc) was applied: the rest stays owed."""
@@ -82,6 +91,7 @@ class RankMomentum:
             raise ValueError(f"{self.name} memory: momentum must be in [0, 1), got {momentum}")
         self.momentum, self.nesterov = momentum, nesterov
         self.u = torch.zeros(numel, dtype=torch.float32, device=device)
+        self.applied_count: int | None = None  # entries the last exchange applied whole (None: none selected yet)
 
     def advance(self, grad: torch.Tensor) -> None:
         """u advanced by `grad` (the step is u, plus grad with Nesterov)."""
@@ -111,6 +121,11 @@ class MomentumCorrection(RankMomentum):
         self.masking = masking
         self.v = torch.zeros(numel, dtype=torch.float32, device=device)  # velocity accumulated, not yet sent
 
+    @classmethod
+    def from_settings(cls, numel: int, device, compression, optim) -> MomentumCorrection:
+        """The optimizer's momentum and Nesterov setting (carried here instead), compression.momentum_masking."""
+        return cls(numel, torch.device(device), optim.momentum, optim.nesterov, compression.momentum_masking)
+
     def accumulate(self, grad: torch.Tensor) -> torch.Tensor:
         """u and v advanced by `grad`; returns v (selected from, in place)."""
         self.advance(grad)
@@ -120,6 +135,7 @@ class MomentumCorrection(RankMomentum):
         return self.v
 
     def applied_entries(self, indices: torch.Tensor) -> None:
+        self.applied_count = indices.numel()
         indices = indices.long()
         self.v[indices] = 0.0
         if self.masking:
@@ -156,6 +172,11 @@ class EF21Momentum(RankMomentum):
         self.estimate = torch.zeros(numel, dtype=torch.float32, device=device)  # the ranks' mean h, on every rank
         self.difference = torch.zeros(numel, dtype=torch.float32, device=device)  # v - h: selected from, then owed
 
+    @classmethod
+    def from_settings(cls, numel: int, device, compression, optim) -> EF21Momentum:
+        """The optimizer's momentum and Nesterov setting (carried here instead)."""
+        return cls(numel, torch.device(device), optim.momentum, optim.nesterov)
+
     def accumulate(self, grad: torch.Tensor) -> torch.Tensor:
         """u advanced by `grad`; returns d = v - h (selected from, in place)."""
         self.advance(grad)
@@ -166,6 +187,7 @@ class EF21Momentum(RankMomentum):
         return self.difference.sub_(self.h)
 
     def applied_entries(self, indices: torch.Tensor) -> None:
+        self.applied_count = indices.numel()
         indices = indices.long()
         self.h[indices] += self.difference[indices]
         self.difference[indices] = 0.0
@@ -207,12 +229,18 @@ class LowPassResidual(ErrorFeedback):
         self.beta = beta
         self.grad = torch.zeros(numel, dtype=torch.float32, device=device)  # this step's g: m = acc - g
 
+    @classmethod
+    def from_settings(cls, numel: int, device, compression, optim) -> LowPassResidual:
+        """compression.lowpass_beta."""
+        return cls(numel, torch.device(device), compression.lowpass_beta)
+
     def accumulate(self, grad: torch.Tensor) -> torch.Tensor:
         self.grad.copy_(grad)
         return super().accumulate(grad)
 
     def applied_entries(self, indices: torch.Tensor) -> None:
         """m <- acc - (1 - beta) g where nothing was sent, (1 - beta) (acc - g) where acc was sent whole."""
+        self.applied_count = indices.numel()
         indices = indices.long()
         before = self.residual[indices] - self.grad[indices]
         self.residual.sub_(self.grad, alpha=1.0 - self.beta)
@@ -224,23 +252,8 @@ class LowPassResidual(ErrorFeedback):
 
 
 MEMORIES = {cls.name: cls for cls in (ErrorFeedback, MomentumCorrection, EF21Momentum, LowPassResidual)}
+DEFAULT_MEMORY = ErrorFeedback.name  # what a selection keeps when the config names no other memory
 
-
-def build_memory(name: str, numel: int, device, optim_cfg, compression_cfg):
-    """The memory called `name` for `numel` entries, with its settings: the momentum memories take the optimizer's
-    momentum and Nesterov setting (they carry it instead of the optimizer), dgc also compression.momentum_masking,
-    lowpass compression.lowpass_beta."""
-    device = torch.device(device)
-    if name == ErrorFeedback.name:
-        return ErrorFeedback(numel, device)
-    if name == MomentumCorrection.name:
-        return MomentumCorrection(numel, device, optim_cfg.momentum, optim_cfg.nesterov,
-                                  compression_cfg.momentum_masking)
-    if name == EF21Momentum.name:
-        return EF21Momentum(numel, device, optim_cfg.momentum, optim_cfg.nesterov)
-    if name == LowPassResidual.name:
-        return LowPassResidual(numel, device, compression_cfg.lowpass_beta)
-    raise ValueError(f"unknown compression.memory {name!r}; known: {', '.join(MEMORIES)}")
 
 
 def copy_checked(mine: torch.Tensor, saved: torch.Tensor, what: str) -> None:

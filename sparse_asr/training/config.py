@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from sparse_asr.compression.memory import MEMORIES
+from sparse_asr.compression.memory import DEFAULT_MEMORY, MEMORIES
 from sparse_asr.settings import ConfigError, build, fields, natural, positive, setting, tie
 
 
@@ -129,13 +129,12 @@ class CompressionConfig:
     # matrices and kernels (its k is still density x all entries).
     dense_1d: bool = setting(False)
     options: dict = setting(factory=dict)  # keyword arguments of the compressor's constructor
-    # The exchange's memory (compression/memory.py MEMORIES): "residual" (error feedback), "dgc" (Deep Gradient
-    # Compression's momentum correction), "ef21" (EF21-SGDM: a global gradient estimate) or "lowpass" (ScaleCom's
-    # low-pass filtered error feedback). dgc and ef21 carry the
-    # momentum: optim.momentum and nesterov move into the exchange and the optimizer steps without momentum; each
-    # rank's gradient is clipped at optim.max_grad_norm x sqrt(P) and gets optim.weight_decay before the exchange
-    # (training/optim.py). They need a selection, no dense steps.
-    memory: str = setting("residual", lambda v: v in MEMORIES, f"must be one of {', '.join(MEMORIES)}")
+    # The exchange's memory, a key of compression/memory.py's MEMORIES (each described there; the default is error
+    # feedback's residual). A memory that carries the momentum (dgc, ef21) takes optim.momentum and nesterov into
+    # the exchange and the optimizer steps without momentum; each rank's gradient is clipped at
+    # optim.max_grad_norm x sqrt(P) and gets optim.weight_decay before the exchange (training/optim.py). Those
+    # need a selection, no dense steps.
+    memory: str = setting(DEFAULT_MEMORY, lambda v: v in MEMORIES, f"must be one of {', '.join(MEMORIES)}")
     # dgc: a sent entry's momentum is cleared with its velocity (DGC's momentum factor masking)
     momentum_masking: bool = setting(True)
     # lowpass: the filter's beta, m <- (1 - beta) m + beta (acc - sent); 1 = error feedback
@@ -316,14 +315,14 @@ def _check_model(name: str, where) -> None:
 
 def _check_compression(c: CompressionConfig, where) -> None:
     """The algorithm must be registered; its options are the settings of its Options, checked like the rest."""
-    from sparse_asr.compression import COMPRESSORS, ErrorFeedback, memory_problem
+    from sparse_asr.compression import COMPRESSORS, memory_problem
 
     if c.algorithm not in COMPRESSORS:
         raise ConfigError(f"{where('compression.algorithm')}: compression.algorithm {c.algorithm!r} is unknown; "
                           f"known: {sorted(COMPRESSORS)}")
     build(COMPRESSORS[c.algorithm].Options, c.options, "compression.options.",
           lambda key: f"{where(key)} (options of {c.algorithm!r})")
-    if c.memory != ErrorFeedback.name and (problem := memory_problem(c.algorithm, c.memory, c.warmup_steps,
+    if c.memory != DEFAULT_MEMORY and (problem := memory_problem(c.algorithm, c.memory, c.warmup_steps,
                                                                      c.dense_1d)):
         raise ConfigError(f"{where('compression.memory')}: {problem}")
 

@@ -1,23 +1,26 @@
-"""Starting a process and a run: the one path from a config to a running Trainer (DESIGN 8).
+"""Starting a process and a run: the one path from a request to a running Trainer (DESIGN 8).
 
     setup_process   one rank's device, CPU threads and precision check (train.py, evaluate.py, the benches)
-    start_run       everything before the training loop, in the order that lets it refuse a run without
-                    writing anything: the checkpoint first, then the data (every audio header checked), the
-                    model, the compressor (its warm-up length taken from the checkpoint), the checkpoint's fit
-                    to them, and only then the run directory, the logger and the Trainer, each built once
-    run_job         a whole training job: config (and resume) -> start_run -> Trainer.fit(), what train.py runs
+    plan_run        under the run directory's lock, once: fresh start or which checkpoint, the config resolved,
+                    a previous run in the way; then prepare_run: the checkpoint's state and the data (every
+                    audio header checked) loaded, the warm-up length fixed -> one frozen RunPlan (plan.py)
+    start_run       the model, the exchange, the checkpoint's fit to them, and only then the run directory,
+                    the logger and the Trainer, each built once from the plan
+    run_job         a whole training job: request -> lock -> plan_run -> start_run -> Trainer.fit(), what
+                    train.py runs
 
 Any exception on any rank ends the whole job (runtime.run_or_abort around run_job).
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
-from sparse_asr.compression import Compressor, ErrorFeedback, build_compressor, warmup_steps
-from sparse_asr.compression.memory import build_memory
+from sparse_asr.compression import Compressor, build_exchange, warmup_steps
 from sparse_asr.data.audio import SpecAugment
 from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, TrainingData, feature_bytes
 from sparse_asr.data.manifest import read_manifest
@@ -25,10 +28,10 @@ from sparse_asr.fileio import atomic_write_text
 from sparse_asr.models import build_model
 from sparse_asr.training.checkpoint import (CheckpointError, Located, TrainingState, check_state_fits,
                                             load_training_state, on_every_rank)
-from sparse_asr.training.config import (Config, ConfigError, config_digest, default_run_name, flatten,
-                                        resolve_world_size, to_dict, to_yaml)
+from sparse_asr.training.config import Config, ConfigError, config_digest, flatten, resolve_world_size, to_dict, to_yaml
+from sparse_asr.training.plan import RunPlan, RunRequest, run_directory, run_name
 from sparse_asr.training.provenance import append_provenance, provenance, summary
-from sparse_asr.training.resume import config_for_run, drop_metrics_after
+from sparse_asr.training.resume import drop_metrics_after, run_config
 from sparse_asr.training.rundir import RunDirLock, clear_previous_run, previous_run_message
 from sparse_asr.training.runlog import RunLogger
 from sparse_asr.training.runtime import (Watchdog, check_manifest_audio, local_rank_and_size, pick_device,
@@ -59,12 +62,7 @@ def setup_process(comm, device: str = "auto", threads: int = 0, precision: str =
 def resolve_for_run(cfg: Config, comm) -> Config:
     """Record the real world size and global batch (resolve_world_size) and the run name (timestamp from
     rank 0), then check that every rank holds the identical resolved config."""
-    cfg = resolve_world_size(cfg, comm.size)
-    name = cfg.name
-    if not name:
-        timestamp = comm.bcast_object(time.strftime("%Y%m%d-%H%M%S") if comm.rank == 0 else None)
-        name = default_run_name(cfg, comm.size, timestamp)
-    cfg = replace(cfg, name=name)
+    cfg = replace(resolve_world_size(cfg, comm.size), name=cfg.name or run_name(cfg, comm))
     check_same_on_all_ranks(cfg, comm)
     return cfg
 
@@ -177,15 +175,8 @@ def configured_warmup(cfg: Config, sampler: BucketingSampler) -> int:
 
 def make_compressor(cfg: Config, comm, model: torch.nn.Module, device, warmup: int) -> Compressor:
     """The configured gradient exchange for the model's trainable parameters, behind `warmup` dense steps."""
-    c = cfg.compression
     shapes = [p.shape for p in model.parameters() if p.requires_grad]
-    numel = sum(s.numel() for s in shapes)
-    memory = None  # error feedback, the compressor's default (and the only memory dense or PowerSGD take)
-    if c.memory != ErrorFeedback.name:
-        memory = build_memory(c.memory, numel, device, cfg.optim, c)
-    return build_compressor(c.algorithm, comm, numel, c.density, device, shapes=shapes, warmup=warmup,
-                            dense_1d=c.dense_1d, memory=memory, density_warmup_epochs=c.density_warmup_epochs,
-                            **c.options)
+    return build_exchange(cfg.compression, cfg.optim, comm, shapes, device, warmup=warmup)
 
 
 def bare_trainer(cfg: Config, comm, model: torch.nn.Module, train: SpeechDataset, device) -> Trainer:
@@ -197,28 +188,55 @@ def bare_trainer(cfg: Config, comm, model: torch.nn.Module, train: SpeechDataset
                    TrainingData(train, None, None, sampler), device, RunLogger(cfg.run_dir, enabled=False))
 
 
-def start_run(cfg: Config, comm, resume: str | Located | None = None, overwrite: bool = False) -> Trainer:
-    """Collective: the Trainer of a resolved config, restored from the checkpoint `resume` when given. All
-    that can refuse the run is checked on every rank before the run directory is touched (run_job holds
-    its lock by then); `overwrite` deletes a previous run's files there first."""
+def plan_run(request: RunRequest, run_dir: Path, comm) -> RunPlan:
+    """Collective, under `run_dir`'s lock (run_job holds it): everything the lock protects decided once, on what
+    the directory holds now (a chained job that was slow to start must see what the job before it left, not what
+    was there earlier): fresh start or which checkpoint, the config resolved (and the same on every rank), a
+    previous run in the way. Then prepare_run. Nothing is written."""
+    cfg, checkpoint, notes = run_config(request, comm.size)  # resolved for this job's ranks
+    cfg = replace(cfg, name=cfg.name or run_dir.name)  # a fresh run without a name: the one its directory got
+    check_same_on_all_ranks(cfg, comm)
+    if cfg.run_dir.resolve() != run_dir.resolve():
+        raise CheckpointError(f"the run moved from {run_dir} to {cfg.run_dir} while this job started")
+    overwrite = request.overwrite and not checkpoint  # with --resume auto: only when there is nothing to continue
+    if not checkpoint and not overwrite:  # rank 0 looks (one filesystem), every rank refuses
+        refusal = comm.bcast_object(previous_run_message(cfg.run_dir) if comm.rank == 0 else None)
+        if refusal:
+            raise FileExistsError(refusal)
+    return prepare_run(cfg, comm, checkpoint, overwrite, notes)
+
+
+def prepare_run(cfg: Config, comm, checkpoint: str | Located | None = None, overwrite: bool = False,
+                notes: Sequence[str] = ()) -> RunPlan:
+    """Collective: the plan of a resolved config: this rank's process set up, the checkpoint's state loaded (every
+    file verified, on every rank), the data loaded (every audio header checked) and the warm-up length fixed.
+    Whatever refuses the run here refuses it before anything is written."""
     process = setup_process(comm, cfg.distributed.device, cfg.train.threads, cfg.train.precision,
                             cfg.distributed.cuda_aware_mpi)
     seed_everything(cfg.seed)
-    state = load_training_state(comm, resume) if resume else None  # every file verified, on every rank
+    state = load_training_state(comm, checkpoint) if checkpoint else None
     if state is not None and state.config["model"]["name"] != cfg.model.name:
-        raise ConfigError(f"checkpoint {resume} holds model {state.config['model']['name']!r}, "
+        raise ConfigError(f"checkpoint {checkpoint} holds model {state.config['model']['name']!r}, "
                           f"the config asks for {cfg.model.name!r}")
     data, data_line = load_data(cfg, comm, process.device)
-    model = build_model(cfg.model.name, sync_bn=comm if cfg.model.sync_batchnorm else None)
-    unalignable = ctc_unalignable(data.train, model)
     # The warm-up length is fixed when a run starts ('auto' depends on train.epochs, which a resume may change).
     warmup = state.extra["warmup_steps"] if state is not None else configured_warmup(cfg, data.sampler)
-    compressor = make_compressor(cfg, comm, model, process.device, warmup)
+    return RunPlan(cfg, process, data, data_line, warmup, checkpoint or None, state, overwrite, tuple(notes))
+
+
+def start_run(plan: RunPlan, comm) -> Trainer:
+    """Collective: the Trainer of a plan, restored from its checkpoint's state when it continues one. The
+    checkpoint's fit to the model and the exchange is checked on every rank before the run directory is touched;
+    a plan with `overwrite` deletes a previous run's files there first."""
+    cfg, state, process, data = plan.config, plan.state, plan.process, plan.data
+    model = build_model(cfg.model.name, sync_bn=comm if cfg.model.sync_batchnorm else None)
+    unalignable = ctc_unalignable(data.train, model)
+    compressor = make_compressor(cfg, comm, model, process.device, plan.warmup_steps)
     if state is not None:  # refused on every rank if the checkpoint does not fit this run
-        on_every_rank(comm, lambda: check_fits(state, model, compressor, resume))
+        on_every_rank(comm, lambda: check_fits(state, model, compressor, plan.checkpoint))
 
     # Nothing was written before this line (but run_job's lock file).
-    removed = clear_previous_run(cfg.run_dir) if overwrite and comm.rank == 0 else []
+    removed = clear_previous_run(cfg.run_dir) if plan.overwrite and comm.rank == 0 else []
     dropped = None  # rows a crashed run wrote after the checkpoint, or a row it cut
     if state is not None and comm.rank == 0:
         dropped = drop_metrics_after(cfg.run_dir, state.extra["metrics_rows"])
@@ -236,7 +254,7 @@ def start_run(cfg: Config, comm, resume: str | Located | None = None, overwrite:
         log.info(dropped)
     if removed:
         log.info(f"--overwrite: deleted the previous run's {', '.join(p.name for p in removed)} in {cfg.run_dir}")
-    log.info(data_line)
+    log.info(plan.data_line)
     if unalignable:  # CTC's zero_infinity turns their loss into 0: they would train nothing, silently
         log.warn(f"{len(unalignable)} training utterances have more labels than the model's output frames can "
                  f"align (CTC loss infinite, counted as 0: they teach nothing):\n" + "\n".join(unalignable))
@@ -244,7 +262,9 @@ def start_run(cfg: Config, comm, resume: str | Located | None = None, overwrite:
     if state is not None:
         trainer.restore(state)
         p = trainer.progress
-        log.info(f"resumed from {resume}: optimizer step {p.step}, epoch {p.epoch}, batch {p.batch_in_epoch}")
+        log.info(f"resumed from {plan.checkpoint}: optimizer step {p.step}, epoch {p.epoch}, batch {p.batch_in_epoch}")
+    for note in plan.notes:
+        log.info(note)
     return trainer
 
 
@@ -258,35 +278,20 @@ def check_fits(state: TrainingState, model: torch.nn.Module, compressor: Compres
         raise CheckpointError(f"cannot resume from {resume}: {e}") from e
 
 
-def run_job(comm, config: str | None, overrides: list[str], resume: str = "", overwrite: bool = False) -> dict:
-    """Collective: a whole training job, as train.py's command line asks it; returns the last dev and test
-    summaries. `resume`: a run or checkpoint directory, 'auto', or '' (then the config's train.resume)."""
-    # Where the run lives, and every config error, before any file is touched (no collective yet).
-    cfg, _, _ = config_for_run(config, overrides, resume, comm.size)
+def run_job(comm, request: RunRequest) -> dict:
+    """Collective: a whole training job, as train.py's command line asks it (`request`, parsed once); returns the
+    last dev and test summaries."""
     # From the first collective on, a rank that stops (a stalled node) ends the job instead of hanging it.
-    watchdog = Watchdog(comm, cfg.distributed.timeout_s) if cfg.distributed.timeout_s and comm.size > 1 else None
+    watchdog = watch(comm, request.timeout_s)
     lock = None
     try:
-        cfg = resolve_for_run(cfg, comm)  # the run's name (a timestamp from rank 0 if none was given)
-        lock = RunDirLock(cfg.run_dir, comm)
+        run_dir = run_directory(request, comm)
+        lock = RunDirLock(run_dir, comm)
         lock.acquire()
-        # What to do (fresh start, which checkpoint, a previous run in the way) is decided under the lock: a
-        # chained job that was slow to start must see what the job before it left, not what was there earlier.
-        locked_dir = cfg.run_dir
-        cfg, checkpoint, notes = config_for_run(config, [*overrides, f"name={cfg.name}"], resume, comm.size)
-        cfg = resolve_for_run(cfg, comm)
-        if cfg.run_dir.resolve() != locked_dir.resolve():
-            raise CheckpointError(f"the run moved from {locked_dir} to {cfg.run_dir} while this job started")
-        if overwrite and checkpoint and cfg.train.resume != "auto":
-            raise ConfigError("--overwrite starts the run afresh and --resume continues it: give one of them")
-        overwrite = overwrite and not checkpoint  # with --resume auto: only when there is nothing to continue
-        if not checkpoint and not overwrite:  # rank 0 looks (one filesystem), every rank refuses
-            refusal = comm.bcast_object(previous_run_message(cfg.run_dir) if comm.rank == 0 else None)
-            if refusal:
-                raise FileExistsError(refusal)
-        trainer = start_run(cfg, comm, resume=checkpoint, overwrite=overwrite)
-        for note in notes:
-            trainer.log.info(note)
+        plan = plan_run(request, run_dir, comm)
+        if plan.config.distributed.timeout_s != request.timeout_s:  # a resumed run's own, known only now
+            watchdog = watch(comm, plan.config.distributed.timeout_s, replacing=watchdog)
+        trainer = start_run(plan, comm)
         try:
             results = trainer.fit()
         finally:
@@ -296,6 +301,13 @@ def run_job(comm, config: str | None, overrides: list[str], resume: str = "", ov
             lock.release()
         if watchdog is not None:
             watchdog.stop()
-    trainer.log.info(f"done: {cfg.run_dir}" + "".join(f"  {split} {k} {v:.4f}" for split, summary in results.items()
-                                                     for k, v in summary.items()))
+    trainer.log.info(f"done: {plan.run_dir}" + "".join(f"  {split} {k} {v:.4f}" for split, summary in results.items()
+                                                      for k, v in summary.items()))
     return results
+
+
+def watch(comm, timeout_s: float, replacing: Watchdog | None = None) -> Watchdog | None:
+    """A Watchdog of distributed.timeout_s (None when off, or on one rank), stopping the one it replaces."""
+    if replacing is not None:
+        replacing.stop()
+    return Watchdog(comm, timeout_s) if timeout_s and comm.size > 1 else None

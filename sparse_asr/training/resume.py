@@ -1,4 +1,5 @@
-"""Continuing a run: which checkpoint, which run directory, which config (DESIGN 8).
+"""Continuing a run: which checkpoint, which run directory, which config (DESIGN 8). run_config decides it
+once per start, under the run directory's lock, from the request train.py parsed once (training/plan.py).
 
     train.py --resume runs/NAME                        the run's newest checkpoint (runs/NAME/checkpoints/last)
     train.py --resume runs/NAME/checkpoints/step-N     any of its checkpoints
@@ -11,16 +12,19 @@ train.py calls it once the checkpoint has been checked on every rank.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
+import typing
 from pathlib import Path
 
 from sparse_asr.fileio import atomic_write
 from sparse_asr.training.checkpoint import (INDEX, CheckpointError, Located, check_world_size, complete_checkpoints,
                                             locate_checkpoint, read_index, step_of)
-from sparse_asr.training.config import (Config, ConfigError, build_config, flatten, load_config, parse_override,
-                                        resolve_world_size, resume_safe_keys, set_dotted, to_dict)
+from sparse_asr.training.config import (Config, ConfigError, build_config, flatten, resolve_world_size,
+                                        resume_safe_keys, to_dict)
+
+if typing.TYPE_CHECKING:
+    from sparse_asr.training.plan import RunRequest
 
 # Keys that change how a run is watched or how long it goes on, not what it computes step by step: the
 # settings marked resume_safe in config.py.
@@ -29,28 +33,23 @@ SAFE_TO_CHANGE = resume_safe_keys()
 LOCATION_KEYS = ("name", "out_dir", "train.resume", "distributed.world_size")
 
 
-def config_for_run(config_path: str | None, overrides: list[str], resume: str,
-                   world_size: int) -> tuple[Config, Located | None, list[str]]:
-    """The config this job runs, the checkpoint it continues from (its directory and the index read here,
-    which loading verifies the files against: read once; None = a fresh start) and notes for the log (an
-    older checkpoint used because the newest is damaged; the config keys changed since the checkpoint).
-    `resume`: "" (then train.resume of the config), a run or checkpoint directory, or "auto"."""
-    requested = load_config(config_path, overrides) if config_path else None
-    given = dict(parse_override(o) for o in overrides)
-    resume = resume or (requested.train.resume if requested else str(given.get("train.resume") or ""))
+def run_config(request: RunRequest, world_size: int) -> tuple[Config, Located | None, list[str]]:
+    """The config this job runs, resolved for `world_size` ranks (resolve_world_size), the checkpoint it continues
+    from (its directory and the index read here, which loading verifies the files against: read once; None = a
+    fresh start) and notes for the log (an older checkpoint used because the newest is damaged; the config keys
+    changed since the checkpoint). Called once per start, under the run directory's lock: the checkpoint is what
+    the directory holds now. The request's config is not parsed again; a checkpoint's saved config is built once
+    (and once more with the overrides when the request has no config of its own)."""
+    requested, resume = request.config, request.resume
     if not resume:
-        if requested is None:
-            raise ConfigError("--config is required to start a run (only --resume RUN_DIR may leave it out)")
-        return requested, None, []
+        return resolve_world_size(requested, world_size), None, []
     asked = resume
     if resume == "auto":
-        if requested is None or not requested.name:
-            raise ConfigError("--resume auto (train.resume=auto) needs --config and an explicit run name "
-                              "(name=NAME): it continues OUT_DIR/NAME if that has a checkpoint, else starts it")
         # Any finished checkpoint counts, not only `last`: a crash between a save and its link, or a user's
         # cleanup, leaves `last` missing or dangling, and the run continues from its newest intact one.
         if not complete_checkpoints(requested.run_dir / "checkpoints"):
-            return dataclasses.replace(requested, train=dataclasses.replace(requested.train, resume=asked)), None, []
+            fresh = dataclasses.replace(requested, train=dataclasses.replace(requested.train, resume=asked))
+            return resolve_world_size(fresh, world_size), None, []
         resume = str(requested.run_dir)
     directory, fallback = locate_checkpoint(resume)
     index = read_index(directory)
@@ -61,14 +60,13 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str,
         raise CheckpointError(f"checkpoint {directory} is not the newest of {run_dir}: continuing from it would mix "
                               f"two histories in metrics.jsonl and TensorBoard; move or delete the newer "
                               f"{', '.join(d.name for d in newer)} first")
-    saved, source = index["config"], str(directory / INDEX)
+    source = str(directory / INDEX)
+    saved = build_config(index["config"], source=source)  # what the run computed (a key it lacks: its default)
     if requested is None:
-        requested = build_config(saved, overrides, source=source)
-    check_location(requested, given, run_dir)
-    # A key the saved config lacks was added to the code after the checkpoint was written: it counts as its
-    # default, which keeps what the run computed (a new key's default must be the old behaviour).
-    old = flatten(to_dict(build_config(saved, source=source)))
-    new = flatten(to_dict(resolve_world_size(requested, world_size)))
+        requested = build_config(index["config"], request.overrides, source=source) if request.overrides else saved
+    check_location(requested, request.given, run_dir)
+    resolved = resolve_world_size(requested, world_size)
+    old, new = flatten(to_dict(saved)), flatten(to_dict(resolved))
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in LOCATION_KEYS)
     unsafe = [k for k in changed if k not in SAFE_TO_CHANGE]
     if unsafe:
@@ -76,13 +74,13 @@ def config_for_run(config_path: str | None, overrides: list[str], resume: str,
                           + "; ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in unsafe)
                           + f". Only these keys may change when resuming: {', '.join(SAFE_TO_CHANGE)}"
                           + " (start a new run to change anything else)")
-    raw = copy.deepcopy(saved)
-    for key, value in [*((k, new[k]) for k in changed), ("name", run_dir.name), ("out_dir", str(run_dir.parent)),
-                       ("train.resume", asked)]:
-        set_dotted(raw, key, value)
+    # Every key but the location ones now equals the saved config's or is a safe change: the run continues with
+    # it where its checkpoint lives.
+    cfg = dataclasses.replace(resolved, name=run_dir.name, out_dir=str(run_dir.parent),
+                              train=dataclasses.replace(resolved.train, resume=asked))
     notes = ([fallback] if fallback else []) + ([f"config keys changed since the checkpoint: {', '.join(changed)}"]
                                                  if changed else [])
-    return build_config(raw, source=source), Located(directory, index), notes
+    return cfg, Located(directory, index), notes
 
 
 def run_dir_of(directory: Path) -> Path:

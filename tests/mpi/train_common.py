@@ -35,17 +35,17 @@ def run_training(overrides: list[str], comm=None, resume: str = "", config: Path
     propagates); config=None with `resume`: the run's own config."""
     from sparse_asr.comm import Communicator
     from sparse_asr.training.launch import run_job
+    from sparse_asr.training.plan import read_request
 
-    return run_job(comm or Communicator(), str(config) if config else None, overrides, resume, overwrite)
+    return run_job(comm or Communicator(), read_request(config, overrides, resume, overwrite))
 
 
 def train_and_keep(overrides: list[str], comm):
     """Like run_training, but returns the Trainer after fit() (to inspect its replicas)."""
     from sparse_asr.training.config import load_config
-    from sparse_asr.training.launch import resolve_for_run
-    from sparse_asr.training.launch import start_run
+    from sparse_asr.training.launch import prepare_run, resolve_for_run, start_run
 
-    trainer = start_run(resolve_for_run(load_config(SMOKE_CONFIG, overrides), comm), comm)
+    trainer = start_run(prepare_run(resolve_for_run(load_config(SMOKE_CONFIG, overrides), comm), comm), comm)
     try:
         trainer.fit()
     finally:
@@ -57,10 +57,11 @@ def run_job_or_abort(overrides: list[str]) -> None:
     """Under mpiexec: the job as train.py's main runs it (any rank's exception aborts them all)."""
     from sparse_asr.comm import Communicator
     from sparse_asr.training.launch import run_job
+    from sparse_asr.training.plan import read_request
     from sparse_asr.training.runtime import run_or_abort
 
     comm = Communicator()
-    run_or_abort(comm, run_job, comm, str(SMOKE_CONFIG), overrides)
+    run_or_abort(comm, lambda: run_job(comm, read_request(SMOKE_CONFIG, overrides)))
 
 
 def step_losses(run_dir: Path) -> dict[int, float]:
