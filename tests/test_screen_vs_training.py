@@ -1,15 +1,14 @@
-"""bench/screen_vs_training.py: the screen's figures of the trained cells beside their paired training verdicts."""
-import importlib.util
+"""The screen's figures of the trained cells beside their paired training verdicts (sparse_asr/screening/vs_training.py,
+bench/screen_vs_training.py's table)."""
+import subprocess
 import sys
 
 import pandas as pd
 import pytest
 
+from sparse_asr.screening.intervals import per_trajectory
+from sparse_asr.screening.vs_training import report
 from tests.mpi_helpers import REPO
-
-spec = importlib.util.spec_from_file_location("screen_vs_training", REPO / "bench" / "screen_vs_training.py")
-svt = sys.modules.setdefault("screen_vs_training", importlib.util.module_from_spec(spec))
-spec.loader.exec_module(svt)
 
 pytestmark = pytest.mark.unit
 
@@ -26,8 +25,11 @@ def test_the_report_joins_each_cells_screen_with_its_paired_training_table(tmp_p
                                  cos_update=0.5, cos_step=0.6, owed=1.0,
                                  cos_disp_W50=cos if step == 11 else float("nan"), norm_disp_W50=1.0))
     pd.DataFrame(rows).to_csv(tmp_path / "screen.csv", index=False)
-    assert svt.main(["--screen", str(tmp_path / "screen.csv"), "--out", str(tmp_path / "r.md")]) == 0
+    done = subprocess.run([sys.executable, "bench/screen_vs_training.py", "--screen", str(tmp_path / "screen.csv"),
+                           "--out", str(tmp_path / "r.md")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
     text = (tmp_path / "r.md").read_text()
+    assert text == report(per_trajectory(pd.read_csv(tmp_path / "screen.csv"), "oracle"), 50, REPO) + "\n"
     assert "| 4 per rank (P = 4, global 16) | oktopk | 2 | 0.0900 [-0.0371, 0.2171] | 0.4000 [0.4000, 0.4000] |" in text
     assert "+15.4% [+0.3%, +30.6%] (worse)" in text  # docs/results/cell_p4_cpu/paired.csv's Ok-Topk test WER
     assert "| 8 per rank (P = 2, global 16) | oktopk | 2 | 0.0300 [0.0300, 0.0300] |" in text

@@ -9,7 +9,6 @@
   - the command runs end to end in seconds and writes its table, its plot and its per-step figures.
 """
 import csv
-import importlib.util
 import math
 import subprocess
 import sys
@@ -23,16 +22,15 @@ import torch
 
 from sparse_asr.compression import COMPRESSORS, MEMORIES, SparseCompressor
 from sparse_asr.data.dataset import collate
+from sparse_asr import screening as sq
 from sparse_asr.models import build_model
+from sparse_asr.screening import intervals as si
 from sparse_asr.training.config import load_config
 from sparse_asr.training.runtime import cpu_model
 from tests.mpi_helpers import REPO
 from tests import reference as ref
 from tests.reference import EXACT_OKTOPK
 
-spec = importlib.util.spec_from_file_location("selection_quality", REPO / "bench" / "selection_quality.py")
-sq = sys.modules.setdefault("selection_quality", importlib.util.module_from_spec(spec))
-spec.loader.exec_module(sq)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 DENSITY = 0.05
@@ -78,7 +76,7 @@ def test_oracle_is_oktopk_and_topka_at_one_rank(cfg):
         residual[chosen] = 0.0
         for run, result in zip(sim.runs, [oracle, *others]):
             assert torch.equal(result.update, oracle.update), (run.algorithm.label, step)
-            assert torch.equal(sq.residual_of(run.compressors[0]), residual), (run.algorithm.label, step)
+            assert torch.equal(run.compressors[0].owed, residual), (run.algorithm.label, step)
             assert result.applied == [k] and result.stats[0].selected_global == k, (run.algorithm.label, step)
 
 
@@ -99,7 +97,7 @@ def test_oracle_applies_the_global_topk_of_the_summed_acc_from_every_rank(cfg):
         for r in range(P):
             residuals[r] = accs[r].clone()
             residuals[r][chosen] = 0.0
-            assert torch.equal(sq.residual_of(sim.runs[0].compressors[r]), residuals[r]), (step, r)
+            assert torch.equal(sim.runs[0].compressors[r].owed, residuals[r]), (step, r)
         assert result.applied == [k] * P  # every rank's value, at every chosen entry
 
 
@@ -181,7 +179,7 @@ def test_simulation_conserves_mass_and_measures_what_it_says(cfg):
         fed = torch.zeros(numel, dtype=torch.float64)  # sum over steps and ranks of the gradients
         applied_sum = {run.algorithm.label: torch.zeros(numel, dtype=torch.float64) for run in sim.runs}
         for step, grads in enumerate(gradient_stream(cfg, P, 5)):
-            before = [[(sq.residual_of(c).clone() if sq.residual_of(c) is not None else None) for c in run.compressors]
+            before = [[(c.owed.clone() if c.owed is not None else None) for c in run.compressors]
                       for run in sim.runs]
             reference = sq.mean(grads)
             fed_now = [g.clone() for g in grads]  # what the compressors must get, whatever the bench does with grads
@@ -198,7 +196,7 @@ def test_simulation_conserves_mass_and_measures_what_it_says(cfg):
                 sent = torch.zeros(numel, dtype=torch.float64)  # what the ranks took out of their residuals
                 for r, c in enumerate(run.compressors):
                     acc = residuals_before[r] + fed_now[r]  # float32, as the compressors add
-                    residual = sq.residual_of(c)
+                    residual = c.owed
                     sent += acc.double() - residual.double()
                     cleared = (residual == 0) & (acc != 0)
                     # residual = acc with exactly the applied entries cleared, all of them in the update
@@ -215,8 +213,8 @@ def test_simulation_conserves_mass_and_measures_what_it_says(cfg):
         for run in sim.runs:  # conservation: everything fed is applied or still owed (lossy exchanges owe nothing)
             if run.algorithm.name != sq.ORACLE and not ref.REFERENCES[run.algorithm.name].conserves:
                 continue
-            owed = sum((sq.residual_of(c).double() for c in run.compressors), torch.zeros(numel, dtype=torch.float64)) \
-                if sq.residual_of(run.compressors[0]) is not None else 0.0
+            owed = sum((c.owed.double() for c in run.compressors), torch.zeros(numel, dtype=torch.float64)) \
+                if run.compressors[0].owed is not None else 0.0
             torch.testing.assert_close(applied_sum[run.algorithm.label] + owed, fed, rtol=1e-5,
                                        atol=1e-5 * float(fed.abs().max()), msg=f"{run.algorithm.label} P={P}")
 
@@ -232,7 +230,7 @@ def check_figures(run, result, reference, figures, where):
     u, g = result.update.double(), reference.double()
     assert figures["cos_update"] == pytest.approx(float(u @ g / (u.norm() * g.norm())), abs=1e-6), where
     assert figures["along"] == pytest.approx(float(u @ g / (g @ g)), rel=1e-5, abs=1e-9), where
-    residuals = [sq.residual_of(c) for c in run.compressors]
+    residuals = [c.owed for c in run.compressors]
     owed = 0.0 if residuals[0] is None else float(sum(r.double() for r in residuals).norm() / P / g.norm())
     assert figures["owed"] == pytest.approx(owed, rel=1e-5, abs=1e-12), where
     assert figures["words"] == np.mean([s.bytes_recv for s in result.stats]) / 4, where
@@ -398,7 +396,7 @@ def test_command_writes_its_table_plot_and_steps(tiny_manifest, tmp_path):
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
 
 
-def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifest, tmp_path, cfg, capsys):
+def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifest, tmp_path, cfg):
     """--checkpoint: the trajectory starts from the run's model and SGD momentum, at its step and epoch (where the
     learning-rate schedule goes on); a checkpoint of another model or optimizer setting is refused."""
     from sparse_asr.training.checkpoint import load_shared
@@ -430,15 +428,10 @@ def test_a_checkpoint_start_takes_its_weights_momentum_and_schedule(tiny_manifes
     with pytest.raises(ValueError, match=r"trained with optim.lr_hold_epochs=0 \(the config: 3\): give its run's "):
         sq.read_start(str(tmp_path / "trained"), held)
     missing = tmp_path / "no-such-run"
-    assert sq.main(["--config", str(REPO / "configs" / "smoke.yaml"), "--checkpoint", str(missing)]) == 2
-    assert f"selection_quality: checkpoint {missing} does not exist" in capsys.readouterr().err
-
-
-def load_intervals():
-    spec = importlib.util.spec_from_file_location("selection_intervals", REPO / "bench" / "selection_intervals.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    refused = subprocess.run([sys.executable, "bench/selection_quality.py", "--config", "configs/smoke.yaml",
+                              "--checkpoint", str(missing)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2
+    assert f"selection_quality: checkpoint {missing} does not exist" in refused.stderr
 
 
 @pytest.mark.unit
@@ -446,7 +439,6 @@ def test_figures_over_trajectories_by_hand():
     """Two steps per trajectory, three seeds, two cells (P = 2 at 2 and at 4 utterances per rank). Ok-Topk's gap
     to the oracle (0.9 everywhere): at 2/rank 0.10, 0.12, 0.14 (mean 0.12, sd 0.02, t(0.975, 2) = 4.3027, half-width
     0.04968); at 4/rank 0.05, 0.06, 0.07; their paired difference -0.06 [-0.0848, -0.0352]: resolved."""
-    si = load_intervals()
     rows = []
     for seed, gaps in zip((1, 2, 3), ((0.10, 0.05), (0.12, 0.06), (0.14, 0.07))):
         for batch, gap in zip((4, 8), gaps):

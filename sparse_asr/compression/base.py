@@ -132,6 +132,18 @@ class Compressor:
     def start_epoch(self, epoch: int) -> None:
         """Called by the trainer before each epoch's first step (and a resumed run's first): a schedule's hook."""
 
+    @property
+    def owed(self) -> torch.Tensor | None:
+        """What this rank has computed and not yet sent, in units of the ranks' sum (benches measure its mass);
+        None where nothing is owed."""
+        return None
+
+    @property
+    def applied_count(self) -> int | None:
+        """How many of this rank's entries the last step applied whole (their value entered the update and left
+        the memory); None where the exchange applies none whole (a low-rank or quantized one)."""
+        return None
+
     def set_density(self, density: float) -> None:
         """The target density from the next step on (DensityWarmup changes it each epoch)."""
         if not 0.0 < density <= 1.0:
@@ -205,6 +217,14 @@ class CompressorWrapper(Compressor):
     def start_epoch(self, epoch: int) -> None:
         self.inner.start_epoch(epoch)
 
+    @property
+    def owed(self) -> torch.Tensor | None:
+        return self.inner.owed
+
+    @property
+    def applied_count(self) -> int | None:
+        return self.inner.applied_count
+
     def describe(self) -> str:
         return self.inner.describe()
 
@@ -247,6 +267,14 @@ class SparseCompressor(Compressor):
     @property
     def carries_momentum(self) -> bool:
         return self.memory.carries_momentum
+
+    @property
+    def owed(self) -> torch.Tensor:
+        return self.memory.owed
+
+    @property
+    def applied_count(self) -> int | None:
+        return self.memory.applied_count
 
     def describe(self) -> str:
         memory = "" if self.memory.name == ErrorFeedback.name else f", {self.memory.name} memory"

@@ -17,6 +17,11 @@ class DenseAllreduce(Compressor):
         words = 2 * n * (P - 1) / P
         return Cost(words, words, words, 2 * (P - 1), "2n(P-1)/P")
 
+    @property
+    def applied_count(self) -> int:
+        """Every entry, every step."""
+        return self.numel
+
     def describe(self) -> str:
         return "dense allreduce"
 

@@ -180,6 +180,10 @@ class PowerSGD(Compressor):
         """The error fed back (None without error feedback)."""
         return None if self.memory is None else self.memory.residual
 
+    @property
+    def owed(self) -> torch.Tensor | None:
+        return self.error
+
     def step(self, flat_grad: torch.Tensor) -> StepStats:
         layout = self.layout
         with self.comm.measure() as moved:

@@ -1,5 +1,5 @@
-"""Selection quality over several trajectories, with intervals: what
-`bench/selection_quality.py --seeds S ... [--per-rank U ...]` reports.
+"""Selection quality over several trajectories, with intervals: the tables of
+`bench/selection_quality.py --seeds S ... [--per-rank U ...]`.
 
 One trajectory of the selection bench moves by 0.015-0.03 in cosine from one setup to another, so a single one
 decides nothing. Here every figure is first averaged over a trajectory's sparse steps, then over trajectories
