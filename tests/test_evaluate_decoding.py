@@ -12,12 +12,14 @@ from sparse_asr.comm import Communicator
 from sparse_asr.data.domain import TrainingRange, input_warnings
 from sparse_asr.models import build_model
 from sparse_asr.training.averaging import average_states, averaged_model, choose_checkpoints
-from sparse_asr.training.checkpoint import Progress, RankState, TrainingState, rng_state, save_training_state
+from sparse_asr.training.checkpoint import (Progress, RankState, TrainingState, checkpoints_size, rng_state,
+                                            save_training_state)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def save_checkpoint(run_dir, step: int, seed: int, train_manifest="manifests/an4_train.csv", keep: int = 10):
+def save_checkpoint(run_dir, step: int, seed: int, train_manifest="manifests/an4_train.csv", keep: int = 10,
+                    keep_best: int = 0):
     """A tiny model's checkpoint at `step`, its weights and BatchNorm statistics drawn from `seed`."""
     torch.manual_seed(seed)
     model = build_model("lstman4_tiny")
@@ -30,7 +32,7 @@ def save_checkpoint(run_dir, step: int, seed: int, train_manifest="manifests/an4
     config = {"model": {"name": "lstman4_tiny"}, "data": {"train_manifest": str(train_manifest)}}
     state = TrainingState(config=config, model=model.state_dict(), optimizer={}, progress=Progress(step=step),
                           mine=RankState({}, rng_state(), {}, {}))
-    save_training_state(Communicator(), run_dir / "checkpoints", state, keep=keep)
+    save_training_state(Communicator(), run_dir / "checkpoints", state, keep=keep, keep_best=keep_best)
     return model.state_dict()
 
 
@@ -68,6 +70,20 @@ def test_the_best_checkpoints_by_dev_wer_are_chosen_and_too_few_is_an_error(tmp_
     assert [p.name for p, _ in choose_checkpoints(tmp_path, 2, "last")] == ["step-00000020", "step-00000030"]
     with pytest.raises(Exception, match="4 checkpoints to average by dev, but only 3 qualify"):
         choose_checkpoints(tmp_path, 4, "dev")
+
+
+@pytest.mark.unit
+def test_training_keeps_the_best_checkpoints_by_dev_wer_besides_the_newest(tmp_path):
+    """keep 1 newest and the 2 best: each save prunes what neither rule nor a link (last) keeps."""
+    scores = {}
+    for step, wer in ((10, 0.6), (20, 0.3), (30, 0.5), (40, 0.4), (50, 0.7)):
+        scores[step] = wer
+        write_dev_scores(tmp_path, scores)  # the trainer's dev row is on disk before its checkpoint
+        save_checkpoint(tmp_path, step, seed=step, keep=1, keep_best=2)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*"))
+    assert kept == ["step-00000020", "step-00000040", "step-00000050"]
+    count, size = checkpoints_size(tmp_path / "checkpoints")
+    assert count == 3 and size > 3 * sum(v.numel() * 4 for v in build_model("lstman4_tiny").state_dict().values())
 
 
 def test_evaluate_decodes_with_a_beam_an_lm_and_averaged_checkpoints(tiny_manifest, tmp_path, capsys, monkeypatch):

@@ -13,7 +13,8 @@ No rank's state travels to another rank: a save gathers only (file, size, hash) 
 per rank does not grow with P, and no message is larger than a few hundred bytes. Every file is
 written atomically (temporary file, fsync, rename). `last` and `best` are links, not copies: marking
 a checkpoint best copies nothing, and the link is swapped in one rename; the pruning after each save
-(`train.keep_checkpoints` newest step directories) never deletes what a link points at. Loading
+(`train.keep_checkpoints` newest step directories, and the `train.keep_best_checkpoints` of lowest dev WER
+for checkpoint averaging: training/averaging.py) never deletes what a link points at. Loading
 checks every file it reads against the index (size and SHA-256) and refuses one that differs,
 naming it; on resume all ranks agree that their files are sound before any rank goes on.
 """
@@ -105,9 +106,10 @@ def step_of(directory: Path) -> int | None:
 
 # ---------------------------------------------------------------------------------------- saving
 def save_training_state(comm, checkpoint_dir: str | Path, state: TrainingState, keep: int = 1,
-                        best: bool = False) -> Path:
+                        best: bool = False, keep_best: int = 0) -> Path:
     """Collective: write `state` as checkpoint_dir/step-N/ (N = optimizer steps taken), point `last`
-    (and `best` when asked) at it, and prune old step directories down to the newest `keep`.
+    (and `best` when asked) at it, and prune old step directories down to the newest `keep` and the `keep_best`
+    of lowest dev WER (the run's metrics.jsonl beside checkpoint_dir).
     Returns the new directory. If any rank cannot write its file (a full disk), every rank raises
     an OSError naming the file, the unfinished directory is removed and `last` is left as it was."""
     checkpoint_dir = Path(checkpoint_dir)
@@ -146,7 +148,7 @@ def save_training_state(comm, checkpoint_dir: str | Path, state: TrainingState, 
         point_link(checkpoint_dir, "last", target.name)
         if best:
             point_link(checkpoint_dir, "best", target.name)
-        prune(checkpoint_dir, keep)
+        prune(checkpoint_dir, keep, keep_best)
     comm.barrier()  # nobody goes on (or reads the checkpoint) before it is complete
     return target
 
@@ -218,15 +220,27 @@ def step_dirs(checkpoint_dir: Path) -> list[Path]:
     return [d for d in Path(checkpoint_dir).glob("step-*") if d.is_dir() and step_of(d) is not None]
 
 
-def prune(checkpoint_dir: Path, keep: int) -> None:
-    """Delete step directories that are unfinished, or older than the newest `keep`, unless `last` or
-    `best` points at them."""
+def prune(checkpoint_dir: Path, keep: int, keep_best: int = 0) -> None:
+    """Delete step directories that are unfinished, or older than the newest `keep` and not among the
+    `keep_best` of lowest dev WER, unless `last` or `best` points at them."""
     complete = complete_checkpoints(checkpoint_dir)
     linked = {resolve_link(checkpoint_dir / name) for name in ("last", "best")}
     kept = {d.resolve() for d in complete[-keep:]} | linked
+    if keep_best:
+        from sparse_asr.training.averaging import dev_wers  # (it imports this module: imported here)
+
+        scores = dev_wers(Path(checkpoint_dir).parent)
+        ranked = sorted((d for d in complete if step_of(d) in scores), key=lambda d: (scores[step_of(d)], -step_of(d)))
+        kept |= {d.resolve() for d in ranked[:keep_best]}
     for d in step_dirs(checkpoint_dir):
         if d.resolve() not in kept:
             shutil.rmtree(d)
+
+
+def checkpoints_size(checkpoint_dir: Path) -> tuple[int, int]:
+    """(finished checkpoints kept, their bytes on disk)."""
+    complete = complete_checkpoints(checkpoint_dir)
+    return len(complete), sum(f.stat().st_size for d in complete for f in d.iterdir() if f.is_file())
 
 
 # ---------------------------------------------------------------------------------------- loading
