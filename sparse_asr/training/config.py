@@ -72,6 +72,10 @@ class TrainConfig:
     sorted_epochs: int = setting(0, natural, "must be >= 0 (0 = every epoch shuffled)")
     # 0 = never evaluate on dev during training
     eval_every_epochs: int = setting(1, natural, "must be >= 0", resume_safe=True)
+    # greedy: dev and test scored by best-path decoding (fast); beam: the beam with lexicon + n-gram LM of the
+    # training manifest scored beside it (dev/beam_wer, ...); dev/wer, and so checkpoints/best, stay greedy
+    eval_decoder: str = setting("greedy", lambda v: v in ("greedy", "beam"), "must be greedy or beam",
+                                resume_safe=True)
     log_every_steps: int = setting(10, positive, "must be >= 1", resume_safe=True)
     # stop the run after this many skipped (non-finite) steps in a row
     max_nonfinite_in_row: int = setting(5, positive, "must be >= 1", resume_safe=True)
@@ -84,6 +88,8 @@ class TrainConfig:
     checkpoint_every_epochs: int = setting(1, positive, "must be >= 1", resume_safe=True)
     # newest step checkpoints kept on disk (plus the ones last and best point at)
     keep_checkpoints: int = setting(2, positive, "must be >= 1", resume_safe=True)
+    # also keep the N step checkpoints of lowest dev WER, for checkpoint averaging (evaluate.py --average N)
+    keep_best_checkpoints: int = setting(3, natural, "must be >= 0", resume_safe=True)
     # run or checkpoint directory to continue; "auto" = continue `name` if it has a checkpoint
     resume: str = setting("")
     # torch CPU threads per rank; 0 = OMP_NUM_THREADS if set, else cores / ranks on the node

@@ -20,8 +20,8 @@ from sparse_asr.compression import Compressor
 from sparse_asr.compression.base import all_finite
 from sparse_asr.data.dataset import TrainingData, make_loader
 from sparse_asr.training import replicas
-from sparse_asr.training.checkpoint import (Progress, RankState, TrainingState, rng_state, save_training_state,
-                                            set_rng_state)
+from sparse_asr.training.checkpoint import (Progress, RankState, TrainingState, checkpoints_size, rng_state,
+                                            save_training_state, set_rng_state)
 from sparse_asr.training.config import Config, to_dict
 from sparse_asr.training.evaluation import evaluate
 from sparse_asr.training.loss import batch_loss
@@ -46,6 +46,7 @@ class Trainer:
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
         self.progress = Progress()
         self.meter = RunMeter(comm, cfg.train.global_batch_size, syncbn=cfg.model.sync_batchnorm)
+        self.decoders = None  # built at the first evaluation (train.eval_decoder)
         replicas.broadcast_state(comm, self.model, self.optimizer)
 
     # ------------------------------------------------------------------------------ the step
@@ -138,6 +139,9 @@ class Trainer:
             t_epoch_start = time.perf_counter()
         if data.test is not None:
             results["test"] = self.evaluate_set("test", data.test)
+        count, size = checkpoints_size(cfg.run_dir / "checkpoints")
+        self.log.info(f"{count} checkpoints kept, {size / 1e6:.1f} MB (train.keep_checkpoints="
+                      f"{cfg.train.keep_checkpoints}, keep_best_checkpoints={cfg.train.keep_best_checkpoints})")
         return results
 
     def out_of_time(self, t_epoch_start: float) -> bool:
@@ -172,8 +176,14 @@ class Trainer:
 
     def evaluate_set(self, prefix: str, dataset) -> dict:
         t0 = time.perf_counter()
+        if self.decoders is None:
+            from sparse_asr.decoding import GreedyDecoder, make_decoder
+
+            self.decoders = [GreedyDecoder()]
+            if self.cfg.train.eval_decoder == "beam":
+                self.decoders.append(make_decoder("beam", "auto", self.cfg.data.train_manifest, log=self.log.info))
         result = evaluate(self.model, dataset, self.comm, self.device, self.cfg.train.eval_batch_size,
-                          self.cfg.data.num_workers)
+                          self.cfg.data.num_workers, decoders=self.decoders)
         self.meter.log_scores(self.log, prefix, self.progress, result, time.perf_counter() - t0)
         return result.summary
 
@@ -200,4 +210,5 @@ class Trainer:
         """Collective: checkpoints/step-N/ (training/checkpoint.py; best: checkpoints/best too), rows synced first."""
         self.log.sync()  # the metrics rows the checkpoint counts are on disk before it is
         save_training_state(self.comm, self.cfg.run_dir / "checkpoints", self.training_state(),
-                            keep=self.cfg.train.keep_checkpoints, best=best)
+                            keep=self.cfg.train.keep_checkpoints, best=best,
+                            keep_best=self.cfg.train.keep_best_checkpoints)
