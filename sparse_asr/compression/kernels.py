@@ -280,18 +280,62 @@ def _run_starts(indices, limit):
 
 
 @jit
+def _take(key, v, last, sum_at, written, out_idx, out_val, compact):
+    """Put pair (key, v) after the merged output so far (`last`: its last index, its sum at `sum_at`)."""
+    if written > 0 and key == last:
+        out_val[sum_at] += v
+        if not compact:
+            out_idx[written] = key
+            out_val[written] = 0.0
+            written += 1
+    else:
+        out_idx[written] = key
+        out_val[written] = np.float32(0.0) + v
+        sum_at = written
+        written += 1
+    return sum_at, written
+
+
+@jit
+def _merge_two(a, av, b, bv, out_idx, out_val, compact):
+    """_merge_runs for two runs: the smaller head is picked without a branch (ties: a's first)."""
+    i = j = written = sum_at = 0
+    na, nb = a.shape[0], b.shape[0]
+    while i < na or j < nb:
+        if i < na and j < nb:
+            x, y = a[i], b[j]
+            take_a = x <= y
+            key = x if take_a else y
+            v = av[i] if take_a else bv[j]
+            i += take_a
+            j += 1 - take_a
+        elif i < na:
+            key, v = a[i], av[i]
+            i += 1
+        else:
+            key, v = b[j], bv[j]
+            j += 1
+        last = out_idx[written - 1] if written > 0 else key
+        sum_at, written = _take(key, v, last, sum_at, written, out_idx, out_val, compact)
+    return written
+
+
+@jit
 def _merge_runs(first_idx, first_val, rest_idx, rest_val, starts, out_idx, out_val, compact):
     """Merge run 0 (first_*) and the runs rest_*[starts[j - 1]:starts[j]] (each non-decreasing) into index
     order; equal indices are taken in run order (a stable sort of the concatenation) and their values summed
     from 0.0 in that order. compact: one output per distinct index; else the sum sits at the first of the
     repeats and 0.0 at the others. Returns the outputs written."""
     runs = starts.shape[0]  # run 0 plus runs - 1 in rest
+    if runs == 2:
+        return _merge_two(first_idx, first_val, rest_idx[starts[0]:starts[1]], rest_val[starts[0]:starts[1]],
+                          out_idx, out_val, compact)
     pos = np.empty(runs, dtype=np.int64)
     end = np.empty(runs, dtype=np.int64)
     pos[0], end[0] = 0, first_idx.shape[0]
     for j in range(1, runs):
         pos[j], end[j] = starts[j - 1], starts[j]
-    written, last, sum_at = 0, -1, 0
+    written, sum_at = 0, 0
     while True:
         best, key = -1, 0
         for j in range(runs):  # the lowest run holding the smallest head (P is small)
@@ -303,20 +347,8 @@ def _merge_runs(first_idx, first_val, rest_idx, rest_val, starts, out_idx, out_v
             return written
         v = first_val[pos[best]] if best == 0 else rest_val[pos[best]]
         pos[best] += 1
-        if written > 0 and key == last:
-            if compact:
-                out_val[written - 1] += v
-            else:
-                out_idx[written] = key
-                out_val[written] = 0.0
-                out_val[sum_at] += v
-                written += 1
-        else:
-            out_idx[written] = key
-            out_val[written] = np.float32(0.0) + v
-            sum_at = written
-            written += 1
-            last = key
+        last = out_idx[written - 1] if written > 0 else key
+        sum_at, written = _take(key, v, last, sum_at, written, out_idx, out_val, compact)
 
 
 def merge_runs(first: tuple[torch.Tensor, torch.Tensor], rest: tuple[torch.Tensor, torch.Tensor],
@@ -345,26 +377,27 @@ def sum_runs(indices: torch.Tensor, values: torch.Tensor, max_runs: int = 64):
 
 
 @jit
+def _increasing(a):
+    bad = False
+    for q in range(1, a.shape[0]):
+        bad |= a[q] <= a[q - 1]
+    return not bad
+
+
+@jit
 def _intersect_sorted(a, b, out):
-    """The entries of a also in b, both strictly increasing; -1 if either is not."""
+    """The entries of a also in b, both strictly increasing; -1 if either is not. Branch-free steps: which
+    side advances is data, not a jump the processor mispredicts half the time."""
+    if not (_increasing(a) and _increasing(b)):
+        return -1
     i = j = count = 0
     na, nb = a.shape[0], b.shape[0]
-    for q in range(1, na):
-        if a[q] <= a[q - 1]:
-            return -1
-    for q in range(1, nb):
-        if b[q] <= b[q - 1]:
-            return -1
     while i < na and j < nb:
-        if a[i] < b[j]:
-            i += 1
-        elif b[j] < a[i]:
-            j += 1
-        else:
-            out[count] = a[i]
-            count += 1
-            i += 1
-            j += 1
+        x, y = a[i], b[j]
+        out[count] = x
+        count += x == y
+        i += x <= y
+        j += y <= x
     return count
 
 
