@@ -217,17 +217,20 @@ def test_sweep_local_dry_run_lists_every_run_with_a_distinct_name():
 
 
 def test_sweep_defaults_cover_all_algorithms():
+    """Every registered algorithm at the default rank counts (2, 4) and densities (0.01, 0.02), in the registry's
+    order; one whose volume ignores the density (uses_density false: dense, PowerSGD, ...) once per P."""
     from sparse_asr.compression import COMPRESSORS
 
     lines = ok(["scripts/sweep.sh", "-c", CONFIG, "--dry-run"])
-    # 2 rank counts x (the density-free algorithms once + the others at 2 densities), from the registry
-    density_free = {name for name, cls in COMPRESSORS.items() if not cls.uses_density}
-    assert len(lines) == 2 * (len(density_free) + 2 * (len(COMPRESSORS) - len(density_free)))
-    algorithms = {shlex.split(line)[8].split("=")[1] for line in lines}
-    assert algorithms == set(COMPRESSORS)
-    names = {shlex.split(line)[7] for line in lines}
-    assert {"name=cluster-powersgd-p2", "name=cluster-powersgd-p4"} <= names  # once per P, like dense
-    assert {f"name=cluster-{name}-p4" for name in density_free} <= names
+    expected = []
+    for P in (2, 4):
+        for name, cls in COMPRESSORS.items():
+            if cls.uses_density:
+                expected += [f"name=cluster-{name}-d{d}-p{P}" for d in ("0.01", "0.02")]
+            else:
+                expected.append(f"name=cluster-{name}-p{P}")
+    assert [shlex.split(line)[7] for line in lines] == expected
+    assert {"name=cluster-powersgd-p2", "name=cluster-dense-p4"} <= set(expected)  # once per P
 
 
 def test_sweep_pbs_and_slurm_dry_runs_print_submit_commands():

@@ -256,13 +256,23 @@ def main():
 
 
 def run_cases(comm):
-    for name in COMPRESSORS:  # every registered algorithm must have a reference (tests/reference.py)
-        if name not in ref.REFERENCES:
-            raise AssertionError(f"algorithm {name!r} has no entry in tests/reference.py REFERENCES")
-        for density, options in ref.REFERENCES[name].cases:
-            check_case(comm, name, density, options)
-        if comm.rank == 0:
-            print(f"ok {name} density={density} {options} P={comm.size}", flush=True)
+    for name in COMPRESSORS:  # the registry is the list: every registered algorithm is checked
+        check_algorithm(comm, name)
+    check_memories_and_wrappers(comm)
+
+
+def check_algorithm(comm, name):
+    """Every case of the algorithm's reference; an algorithm without one (tests/reference.py REFERENCES) fails."""
+    if name not in ref.REFERENCES:
+        raise AssertionError(f"algorithm {name!r} has no entry in tests/reference.py REFERENCES")
+    for density, options in ref.REFERENCES[name].cases:
+        check_case(comm, name, density, options)
+    if comm.rank == 0:
+        print(f"ok {name} density={density} {options} P={comm.size}", flush=True)
+
+
+def check_memories_and_wrappers(comm):
+    """DGC's memory around TopkA and Ok-Topk, DGC at density 1, and compression.dense_1d."""
     for name, options in (("topka", {}), ("oktopk", ref.EXACT_OKTOPK)):
         for nesterov in (False, True):
             for masking in (True, False):
