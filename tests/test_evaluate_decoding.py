@@ -144,3 +144,21 @@ def test_progress_is_quiet_on_short_work_and_counts_long_work(capsys, monkeypatc
     progress(100, 100)  # 25 s
     assert capsys.readouterr().out.splitlines() == ["set: 60/100 utterances, 12 s, about 8 s to go",
                                                     "set: 100/100 utterances, 25 s, about 0 s to go"]
+
+
+def test_training_with_the_beam_scores_dev_and_test_with_both_decoders(tiny_manifest, tmp_path, monkeypatch, capsys):
+    """train.eval_decoder=beam: dev/wer (and so checkpoints/best) stays greedy, dev/beam_wer beside it; the run's
+    end names its checkpoints' size."""
+    from sparse_asr.training.runlog import read_metrics
+    from tests.mpi.train_common import run_training, tiny_overrides
+
+    monkeypatch.chdir(tmp_path)
+    run_training(tiny_overrides(tiny_manifest.parent, tmp_path, "beam", data__train_manifest=tiny_manifest,
+                                data__dev_manifest=tiny_manifest, data__test_manifest=tiny_manifest,
+                                data__max_train_utterances=0, data__max_eval_utterances=0, train__epochs=1,
+                                train__eval_decoder="beam"))
+    rows = [r for r in read_metrics(tmp_path / "beam") if r["kind"] in ("dev", "test")]
+    assert [r["kind"] for r in rows] == ["dev", "test"]
+    assert {"dev/wer", "dev/beam_wer", "dev/beam_cer"} <= set(rows[0]) and "test/beam_wer" in rows[1]
+    out = capsys.readouterr().out
+    assert "greedy: wer" in out and "; beam 50 + lexicon + 3-gram LM" in out and "checkpoints kept" in out
