@@ -187,6 +187,7 @@ def steps(name: str, n: int = 3001, count: int = 8, **options):
 
 
 @pytest.mark.parametrize("name, options", [("oktopk", {"local_threshold_interval": 3}), ("oktopk", {}),
+                                           ("oktopk", {"complete_values": True, "candidate_factor": 2}),
                                            ("topka", {}), ("topkdsa", {}), ("gtopk", {}), ("gaussiank", {}),
                                            ("cltk", {})])
 @pytest.mark.unit

@@ -515,7 +515,7 @@ class OkTopk(SparseCompressor):
         figures["rebalance_pairs_in"] = float(sum(hi - lo for _, _, lo, hi in moves))
         figures["rebalance_messages_in"] = float(len(moves))
         g_idx = g_idx.to(self.index_dtype)
-        buf = g_idx.view(torch.uint8) if index_only else pack_pairs(g_idx, g_vals)
+        buf = g_idx.contiguous().view(torch.uint8) if index_only else pack_pairs(g_idx, g_vals)  # idx: maybe a column
         rebalance = self.options.rebalance and P > 2  # at P = 2 the excess would cross the one link either way
         if rebalance and counts != shares:
             with self._phase(figures, "rebalance"):
