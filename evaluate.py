@@ -49,6 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     decoding.add_argument("--beam-size", type=at_least(1), help="default: tuned.json's, else 50")
     decoding.add_argument("--lm-weight", type=float, help="weight of the LM's log10 probability (default: tuned)")
     decoding.add_argument("--word-score", type=float, help="score added per word (default: tuned)")
+    decoding.add_argument("--tune-on", metavar="DEV_MANIFEST", help="with --decoder beam: first tune lm_weight, "
+                          "word_score and the beam on this dev set (decoding/tune.py's grid, printed; saved as "
+                          "tuned.json beside the LM)")
     averaging = parser.add_argument_group("checkpoint averaging")
     averaging.add_argument("--average", type=at_least(1), default=0, metavar="N", help="average the parameters and "
                            "BatchNorm statistics of the run's N best checkpoints (checkpoint: the run directory)")
@@ -57,8 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.emissions and not args.manifest:
         parser.error("--emissions needs --manifest")
-    if args.decoder == "greedy" and any(v is not None for v in (args.beam_size, args.lm_weight, args.word_score)):
-        parser.error("--beam-size, --lm-weight and --word-score need --decoder beam")
+    if args.decoder == "greedy" and (args.tune_on or any(v is not None for v in (args.beam_size, args.lm_weight,
+                                                                                    args.word_score))):
+        parser.error("--beam-size, --lm-weight, --word-score and --tune-on need --decoder beam")
+    if args.tune_on and (args.lm == "none" or "test" in Path(args.tune_on).name):
+        parser.error("--tune-on needs a lexicon and LM (not --lm none) and a dev set, never the test set")
     return args
 
 
@@ -110,6 +116,29 @@ def train_manifest_of(args, config: dict) -> str | None:
         return args.train_manifest
     path = config.get("data", {}).get("train_manifest")
     return path if path and Path(path).is_file() else None
+
+
+def tune_on_dev(args, comm, model, device, train_manifest, log) -> None:
+    """Collective: the model's emissions on the --tune-on set, the grid decoded on rank 0, tuned.json written
+    beside the LM before any rank builds its decoder."""
+    from sparse_asr.data.dataset import SpeechDataset
+    from sparse_asr.data.manifest import read_manifest
+    from sparse_asr.decoding import resolve_lm
+    from sparse_asr.decoding.tune import save_tuned, tune
+    from sparse_asr.training.evaluation import evaluate
+
+    dataset = SpeechDataset(read_manifest(args.tune_on))
+    result = evaluate(model, dataset, comm, device, args.batch_size, keep_emissions=True,
+                      progress=Progress(args.tune_on, enabled=comm.rank == 0))
+    if comm.rank == 0:
+        lm_dir = resolve_lm(args.lm, train_manifest, args.lm_order)
+        refs = dict(zip(dataset.utt_ids, dataset.transcripts))
+        log(f"tuning the beam on {args.tune_on} ({result.utterances} utterances; greedy WER "
+            f"{result.summary['wer']:.4f})")
+        best, rows = tune([([lp for _, lp in result.emissions], [refs[u] for u, _ in result.emissions])], lm_dir,
+                          log=log)
+        save_tuned(lm_dir, f"{args.tune_on} ({args.checkpoint})", best, rows, log)
+    comm.barrier()
 
 
 def make_decoders(args, train_manifest, log) -> list:
@@ -241,6 +270,8 @@ def run(args, comm):
     p = ckpt["progress"]
     log(f"{args.checkpoint}: model {ckpt['config']['model']['name']}, optimizer step {p['step']}, epoch {p['epoch']}")
     train_manifest = train_manifest_of(args, ckpt["config"])
+    if args.tune_on:
+        tune_on_dev(args, comm, model, device, train_manifest, log)
     decoders = make_decoders(args, train_manifest, log)
     training = training_range(train_manifest)
     if args.manifest:

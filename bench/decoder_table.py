@@ -73,6 +73,7 @@ def run_row(run_dir: Path, lm_dir: Path, args) -> dict:
                                               lexicon),
                 "beam + lexicon + LM": BeamDecoder(lm_settings, lexicon, arpa)}
     row = {"run": run_dir.name, "utterances": len(test_ids), "tuned": {"lm": best_lm, "lexicon": best_lex},
+           "dev_grid": [[r["beam_size"], r["lm_weight"], r["word_score"], r["wer"]] for r in grid],
            "wer": {}, "seconds": {}, "decoders": {}}
     for column, decoder in decoders.items():
         row["wer"][column], row["seconds"][column] = wer_of(decoder, test_lp, refs)

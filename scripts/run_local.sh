@@ -86,4 +86,23 @@ if [ -z "${OMP_NUM_THREADS:-}" ]; then
     export OMP_NUM_THREADS
 fi
 echo "run_local.sh: $NPROCS rank(s), $OMP_NUM_THREADS thread(s) each, ${TRAIN_ARGS[*]} $*"
-exec .venv/bin/mpiexec -n "$NPROCS" .venv/bin/python train.py "${TRAIN_ARGS[@]}" "$@"
+train_log=$(mktemp)
+trap 'rm -f "$train_log"' EXIT
+.venv/bin/mpiexec -n "$NPROCS" .venv/bin/python train.py "${TRAIN_ARGS[@]}" "$@" | tee "$train_log"
+
+# The end: the test set decoded greedily (as the run scored it) and by the beam with the lexicon and n-gram LM of
+# the training transcripts, its settings tuned on the dev set first (printed; lm/<train>-3gram/tuned.json).
+run_dir=$(sed -n 's/^done: \([^ ]*\).*/\1/p' "$train_log" | tail -n 1)
+if [ -z "$run_dir" ] || [ ! -d "$run_dir/checkpoints" ]; then
+    echo "run_local.sh: no finished run directory in the training output; skipping the beam decoding" >&2; exit 0
+fi
+read -r dev test < <(.venv/bin/python -c 'import sys, yaml; d = yaml.safe_load(open(sys.argv[1]))["data"]
+print(d["dev_manifest"] or "-", d["test_manifest"] or "-")' "$run_dir/config.yaml")
+if [ "${dev:--}" = - ] || [ "${test:--}" = - ]; then
+    echo "run_local.sh: the run has no dev or test set; skipping the beam decoding" >&2; exit 0
+fi
+started=$SECONDS
+.venv/bin/mpiexec -n "$NPROCS" .venv/bin/python evaluate.py "$run_dir" --manifest "$test" --decoder beam \
+    --tune-on "$dev" --worst 0 | tee "$train_log"
+echo "run_local.sh: test WER of $run_dir ($test), the last checkpoint; the beam took $((SECONDS - started)) s more:"
+awk '/^decoder: /{name=substr($0, 10)} /^  wer /{printf "  %-8s %s\n", $2, name}' "$train_log"

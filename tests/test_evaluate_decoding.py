@@ -104,8 +104,17 @@ def test_evaluate_decodes_with_a_beam_an_lm_and_averaged_checkpoints(tiny_manife
     evaluate.main([str(run / "checkpoints" / "last"), "--manifest", str(tiny_manifest), "--decoder", "beam",
                    "--lm", "none", "--beam-size", "4", "--worst", "0"])
     assert "decoder: beam 4\n" in capsys.readouterr().out
+    evaluate.main([str(run), "--manifest", str(tiny_manifest), "--decoder", "beam", "--tune-on", str(tiny_manifest),
+                   "--worst", "0"])
+    out = capsys.readouterr().out
+    tuned = json.loads((tmp_path / "lm" / "tiny-3gram" / "tuned.json").read_text())
+    assert len(tuned["grid"]) == 60 and f"best: beam {tuned['best']['beam_size']}" in out
+    assert f"beam settings (tuned on {tiny_manifest}" in out
+    assert f"decoder: beam {tuned['best']['beam_size']} + lexicon + 3-gram LM (lm_weight " in out
     with pytest.raises(SystemExit):
         evaluate.parse_args([str(run), "--manifest", "m.csv", "--beam-size", "4"])  # a beam setting without a beam
+    with pytest.raises(SystemExit):
+        evaluate.parse_args([str(run), "--manifest", "m.csv", "--decoder", "beam", "--tune-on", "an4_test.csv"])
 
 
 @pytest.mark.unit

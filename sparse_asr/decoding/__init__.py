@@ -37,7 +37,7 @@ def settings_for(lm_dir: Path | None, beam_size=None, lm_weight=None, word_score
     tuned, source = {}, "defaults"
     if lm_dir is not None and (lm_dir / "tuned.json").is_file():
         tuned = read_json(lm_dir / "tuned.json")["best"]
-        source = f"tuned on {read_json(lm_dir / 'tuned.json').get('tuned_on', 'a dev set')} ({lm_dir / 'tuned.json'})"
+        source = f"tuned on {read_json(lm_dir / 'tuned.json').get('tuned_on', 'a dev set')}: {lm_dir / 'tuned.json'}"
     defaults = BeamSettings()
     chosen = BeamSettings(
         beam_size=int(beam_size if beam_size is not None else tuned.get("beam_size", defaults.beam_size)),

@@ -80,11 +80,16 @@ def main(argv=None) -> int:
         sets.append((log_probs, references(args.manifest, utt_ids)))
     print(f"tuning on {len(args.emissions)} emissions file(s) of {args.manifest}, LM {lm_dir}")
     best, rows = tune(sets, lm_dir)
-    result = {"tuned_on": f"{args.manifest} ({', '.join(args.emissions)})", "best": best, "grid": rows}
-    atomic_write_text(lm_dir / "tuned.json", json.dumps(result, indent=1) + "\n")
-    print(f"best: beam {best['beam_size']}, lm_weight {best['lm_weight']:g}, word_score {best['word_score']:g}: "
-          f"dev WER {best['wer']:.4f} -> {lm_dir / 'tuned.json'}")
+    save_tuned(lm_dir, f"{args.manifest} ({', '.join(args.emissions)})", best, rows)
     return 0
+
+
+def save_tuned(lm_dir: Path, tuned_on: str, best: dict, rows: list[dict], log=print) -> None:
+    """tuned.json beside the LM: what it was tuned on, the best settings and the whole grid."""
+    result = {"tuned_on": tuned_on, "best": best, "grid": rows}
+    atomic_write_text(lm_dir / "tuned.json", json.dumps(result, indent=1) + "\n")
+    log(f"best: beam {best['beam_size']}, lm_weight {best['lm_weight']:g}, word_score {best['word_score']:g}: "
+        f"dev WER {best['wer']:.4f} -> {lm_dir / 'tuned.json'}")
 
 
 if __name__ == "__main__":

@@ -186,11 +186,11 @@ class RunMeter:
         """An evaluation's summary (WER, CER, ...) under prefix/ (dev or test) to the run's log and the console."""
         p = progress
         scalars = {f"{prefix}/{k}": v for k, v in result.summary.items()}
-        text = ", ".join(f"{k} {v:.4f}" for k, v in result.summary.items())
+        text = f"{result.decoder}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.summary.items())
         for name, summary in list(result.by_decoder.items())[1:]:  # the beam beside greedy (train.eval_decoder)
             scores = {k: v for k, v in summary.items() if k != "loss"}
             scalars.update({f"{prefix}/beam_{k}": v for k, v in scores.items()})
-            text = f"{result.decoder}: {text}; {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
+            text += f"; {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
         log.scalars(prefix, p.step, p.epoch, scalars)
         log.info(f"{prefix} after epoch {p.epoch} ({result.utterances} utterances, {seconds:.1f} s): {text}")
 
