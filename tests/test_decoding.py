@@ -165,3 +165,24 @@ def test_make_decoder_names_what_it_decodes_with(tmp_path):
     assert named == "beam 4 + lexicon + 2-gram LM (lm_weight 0.5, word_score 1)"
     with pytest.raises(ValueError, match="greedy, beam"):
         make_decoder("viterbi")
+
+
+def test_tuning_on_dev_emissions_writes_the_grid_beside_the_lm_and_refuses_a_test_set(tmp_path, capsys):
+    import json
+
+    from sparse_asr.decoding import tune
+    from sparse_asr.training.emissions import save_emissions
+
+    log_probs = emission(spoken("SEVEN", {4: {"M": 0.5, "N": 0.4, "_": 0.05}}) + [{" ": 0.9}] + spoken("TWO"))
+    save_emissions(tmp_path / "dev.npz", ["u0", "u1"], [log_probs, log_probs])
+    write_csv(tmp_path / "an4_dev.csv", ["SEVEN TWO", "SEVEN TWO"])
+    lm_dir = write_lm([["SEVEN", "TWO"], ["TWO"]], tmp_path / "lm", order=2)
+    tune.main(["--emissions", str(tmp_path / "dev.npz"), "--manifest", str(tmp_path / "an4_dev.csv"),
+               "--lm", str(lm_dir)])
+    tuned = json.loads((lm_dir / "tuned.json").read_text())
+    assert len(tuned["grid"]) == 60 and tuned["best"]["wer"] == 0.0
+    # every point decodes both right: ties go to the smaller beam and lm_weight, the word_score nearest 0
+    assert (tuned["best"]["beam_size"], tuned["best"]["lm_weight"], tuned["best"]["word_score"]) == (16, 0.0, 0.0)
+    assert "best: beam 16, lm_weight 0, word_score 0: dev WER 0.0000" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="tune on dev only"):
+        tune.main(["--emissions", "x.npz", "--manifest", str(tmp_path / "an4_test.csv"), "--lm", str(lm_dir)])
