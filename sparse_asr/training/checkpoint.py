@@ -229,7 +229,10 @@ def prune(checkpoint_dir: Path, keep: int, keep_best: int = 0) -> None:
     if keep_best:
         from sparse_asr.training.averaging import dev_wers  # (it imports this module: imported here)
 
-        scores = dev_wers(Path(checkpoint_dir).parent)
+        try:
+            scores = dev_wers(Path(checkpoint_dir).parent)
+        except (OSError, ValueError):  # an unreadable log costs the extra checkpoints, never the run
+            scores = {}
         ranked = sorted((d for d in complete if step_of(d) in scores), key=lambda d: (scores[step_of(d)], -step_of(d)))
         kept |= {d.resolve() for d in ranked[:keep_best]}
     for d in step_dirs(checkpoint_dir):
