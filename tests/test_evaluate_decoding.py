@@ -170,4 +170,5 @@ def test_training_with_the_beam_scores_dev_and_test_with_both_decoders(tiny_mani
     assert [r["kind"] for r in rows] == ["dev", "test"]
     assert {"dev/wer", "dev/beam_wer", "dev/beam_cer"} <= set(rows[0]) and "test/beam_wer" in rows[1]
     out = capsys.readouterr().out
-    assert "greedy: wer" in out and "; beam 50 + lexicon + 3-gram LM" in out and "checkpoints kept" in out
+    assert "greedy: wer" in out and "checkpoints kept" in out
+    assert "; beam 64 + lexicon + 3-gram LM (lm_weight 1.5, word_score 2)" in out

@@ -27,11 +27,12 @@ MISSING = ("beam decoding needs the flashlight-text package (pinned in requireme
 
 @dataclass(frozen=True)
 class BeamSettings:
-    """The beam's size and how the LM's score and each word are weighed (tuned on dev: decoding/tune.py)."""
+    """The beam's size and how the LM's score and each word are weighed (tuned on dev: decoding/tune.py). The
+    defaults are the grid's best on the dev sets of two dense verdict runs, pooled (docs/results.md)."""
 
-    beam_size: int = 50
-    lm_weight: float = 1.0
-    word_score: float = 0.0
+    beam_size: int = 64
+    lm_weight: float = 1.5
+    word_score: float = 2.0
 
     def __post_init__(self):
         if int(self.beam_size) < 1:
