@@ -226,6 +226,10 @@ def test_curve_coordinates(two_runs):
     assert x_values(run, wer, "wall_time").tolist() == [18.0, 38.0]
     # bytes at the nearest logged step: 9 for step 10, 18 for step 20
     assert x_values(run, wer, "bytes").tolist() == [9 * 1024.0, 18 * 1024.0]
+    # a one-process run received nothing: no place on the bytes axis (not a column of points at 0)
+    run.curves["comm/cum_bytes_recv"].values[:] = 0.0
+    assert x_values(run, wer, "bytes") is None
+    assert x_values(run, wer, "step").tolist() == [10, 20]
 
 
 @pytest.mark.unit

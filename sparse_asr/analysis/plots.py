@@ -24,7 +24,9 @@ def x_values(run: Run, curve: Curve, axis: str) -> np.ndarray | None:
         return curve.wall_times - start
     if "comm/cum_bytes_recv" not in run.curves:
         return None
-    return nearest_values(run.curves["comm/cum_bytes_recv"], curve.steps)
+    received = nearest_values(run.curves["comm/cum_bytes_recv"], curve.steps)
+    # A one-process run exchanges nothing: every point would sit at x = 0, so it has no place on this axis.
+    return received if np.any(received > 0) else None
 
 
 def readable_unit(axis: str, largest: float) -> tuple[float, str]:
@@ -79,8 +81,8 @@ def plot(runs: list[Run], out_dir: Path) -> list[Path]:
             if drawn:
                 ax.legend(fontsize=8)
             else:
-                ax.text(0.5, 0.5, f"no run logged {tag}" + (" and comm/cum_bytes_recv" if axis == "bytes" else ""),
-                        ha="center", va="center", transform=ax.transAxes)
+                why = " and received bytes (one-process runs exchange nothing)" if axis == "bytes" else ""
+                ax.text(0.5, 0.5, f"no run logged {tag}{why}", ha="center", va="center", transform=ax.transAxes)
         fig.tight_layout()
         path = out_dir / filename
         save_png(fig, path)
