@@ -43,7 +43,8 @@ def main(argv=None) -> int:
         index = None
         if args.search_root is not None:
             index = build_index(args.search_root)
-            print(f"indexed {sum(map(len, index.values()))} files under {args.search_root}")
+            indexed = sum(map(len, index.values()))
+            print(f"indexed {indexed} file{'s' * (indexed != 1)} under {args.search_root}")
         fixed, report = fix_paths(raw, args.out, args.old_root, args.new_root, index)
     except (ManifestError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -56,7 +57,8 @@ def main(argv=None) -> int:
     if args.check:
         return 1 if report.unresolved and not args.allow_missing else 0
     if report.unresolved and not args.allow_missing:
-        print(f"nothing written: {len(report.unresolved)} files not found (pass --allow-missing to write anyway)",
+        missing = len(report.unresolved)
+        print(f"nothing written: {missing} file{'s' * (missing != 1)} not found (pass --allow-missing to write anyway)",
               file=sys.stderr)
         return 1
     out = Path(args.out) if args.out else raw.path

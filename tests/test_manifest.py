@@ -160,7 +160,7 @@ def test_fix_legacy_by_prefix(legacy, tmp_path):
     utt = expected["utt_id"].iloc[2]
     assert f"{manifest}:3: cannot find {new_root}/an4_dataset/train/an4/wav/{utt}.wav" in result.stderr
     assert f"{manifest}:3: cannot find {new_root}/an4_dataset/train/an4/txt/{utt}.txt" in result.stderr
-    assert result.stderr.count("cannot find") == 2 and "nothing written" in result.stderr
+    assert result.stderr.count("cannot find") == 2 and "nothing written: 2 files not found" in result.stderr
     assert manifest.read_text() == original, "a failed fix must leave the manifest alone"
     # --check reports the same and writes nothing
     checked = fix(manifest, "--check", "--old-root", OLD_ROOT, "--new-root", new_root)
@@ -217,8 +217,14 @@ def test_fix_our_format_moves_relative_paths(tiny, tmp_path):
     # by name, through the CLI, in place
     result = fix(tmp_path / "m.csv", "--search-root", data)
     assert result.returncode == 0, result.stderr
+    assert f"indexed 8 files under {data}" in result.stdout
     df = read_manifest(tmp_path / "m.csv")
     assert missing_files(df) == [] and df["utt_id"].tolist() == tiny["utt_id"].tolist()
+    # counts read as English: one file, not "1 files"
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    os.symlink(tiny["audio"].iloc[0], lone / Path(tiny["audio"].iloc[0]).name)
+    assert f"indexed 1 file under {lone}\n" in fix(tmp_path / "m.csv", "--check", "--search-root", lone).stdout
 
 
 @pytest.mark.unit
