@@ -280,9 +280,9 @@ def _run_starts(indices, limit):
 
 
 @jit
-def _take(key, v, last, sum_at, written, out_idx, out_val, compact):
-    """Put pair (key, v) after the merged output so far (`last`: its last index, its sum at `sum_at`)."""
-    if written > 0 and key == last:
+def _take(key, v, sum_at, written, out_idx, out_val, compact):
+    """Put pair (key, v) after the merged output so far (its sum at `sum_at`); returns (sum_at, written)."""
+    if written > 0 and key == out_idx[written - 1]:
         out_val[sum_at] += v
         if not compact:
             out_idx[written] = key
@@ -301,22 +301,30 @@ def _merge_two(a, av, b, bv, out_idx, out_val, compact):
     """_merge_runs for two runs: the smaller head is picked without a branch (ties: a's first)."""
     i = j = written = sum_at = 0
     na, nb = a.shape[0], b.shape[0]
-    while i < na or j < nb:
-        if i < na and j < nb:
-            x, y = a[i], b[j]
-            take_a = x <= y
-            key = x if take_a else y
-            v = av[i] if take_a else bv[j]
-            i += take_a
-            j += 1 - take_a
-        elif i < na:
-            key, v = a[i], av[i]
-            i += 1
+    last = -1
+    while i < na and j < nb:
+        x, y, vx, vy = a[i], b[j], av[i], bv[j]  # all four loaded: the picks below compile to selects
+        take_a = x <= y
+        key = x if take_a else y
+        v = vx if take_a else vy
+        i += take_a
+        j += 1 - take_a
+        if key == last:  # a repeat (rare): its value joins the sum
+            out_val[sum_at] += v
+            if not compact:
+                out_idx[written] = key
+                out_val[written] = 0.0
+                written += 1
         else:
-            key, v = b[j], bv[j]
-            j += 1
-        last = out_idx[written - 1] if written > 0 else key
-        sum_at, written = _take(key, v, last, sum_at, written, out_idx, out_val, compact)
+            out_idx[written] = key
+            out_val[written] = np.float32(0.0) + v
+            sum_at = written
+            written += 1
+            last = key
+    for q in range(i, na):
+        sum_at, written = _take(a[q], av[q], sum_at, written, out_idx, out_val, compact)
+    for q in range(j, nb):
+        sum_at, written = _take(b[q], bv[q], sum_at, written, out_idx, out_val, compact)
     return written
 
 
@@ -347,8 +355,7 @@ def _merge_runs(first_idx, first_val, rest_idx, rest_val, starts, out_idx, out_v
             return written
         v = first_val[pos[best]] if best == 0 else rest_val[pos[best]]
         pos[best] += 1
-        last = out_idx[written - 1] if written > 0 else key
-        sum_at, written = _take(key, v, last, sum_at, written, out_idx, out_val, compact)
+        sum_at, written = _take(key, v, sum_at, written, out_idx, out_val, compact)
 
 
 def merge_runs(first: tuple[torch.Tensor, torch.Tensor], rest: tuple[torch.Tensor, torch.Tensor],
