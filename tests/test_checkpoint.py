@@ -479,6 +479,7 @@ def test_resume_auto_for_chained_jobs(an4_manifests, tmp_path):
     checkpoint exists the next one continues it (and --overwrite deletes nothing)."""
     run_dir = tmp_path / "chain"
     run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("name: chain\n")  # a run writes it first: its files say which run
     (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "epoch": 0, "time": 0}\n')
 
     def job(epochs):

@@ -28,7 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from sparse_asr.data.audio import AudioError, audio_frames
-from sparse_asr.fileio import open_no_follow
+from sparse_asr.fileio import (RECORD_BYTES, TRANSCRIPT_BYTES, UnsafePathError, atomic_write, atomic_write_text,
+                               current_umask, open_no_follow, read_bytes, read_text, trusted_path)
 from sparse_asr.data.manifest import write_manifest
 from sparse_asr.data.text import text_to_ids
 
@@ -50,8 +51,13 @@ def log(message: str) -> None:
 
 @contextmanager
 def _locked(directory: Path):
-    """Serialise preparations sharing a data dir (several test runs may start at once)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Serialise preparations sharing a data dir (several test runs may start at once). Under the lock no other
+    preparation runs, so a temporary directory or download left by one that was killed (SIGKILL leaves no chance
+    to clean up) is removed here: a kill leaves nothing behind for longer than the next preparation."""
+    try:
+        trusted_path(directory).mkdir(parents=True, exist_ok=True)
+    except UnsafePathError as e:
+        raise An4Error(str(e)) from None
     path = directory / ".an4.lock"
     try:
         fd = open_no_follow(path)
@@ -59,6 +65,11 @@ def _locked(directory: Path):
         raise An4Error(f"cannot open the lock file {path}: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        for leftover in [*directory.glob(".an4_extract.*"), *directory.glob(".download.*")]:
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
         yield
     finally:
         os.close(fd)  # (releases the lock)
@@ -121,15 +132,23 @@ def extract(archive: Path, data_dir: Path) -> Path:
             if outside:
                 raise An4Error(f"{archive} holds entries outside an4/, e.g. {outside[:3]}: not the AN4 archive")
             try:
-                tar.extractall(tmp, members=members, filter="data")
+                tar.extractall(tmp, members=members, filter=umask_filter)
             except tarfile.FilterError as e:
                 raise An4Error(f"{archive}: refusing unsafe entry: {e}") from None
         os.replace(tmp / "an4", data_dir / "an4")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    stat = archive.stat()
-    (data_dir / MARKER).write_text(json.dumps({"archive": str(archive.resolve()), "bytes": stat.st_size}) + "\n")
+    record = {"archive": str(archive.resolve()), "bytes": archive.stat().st_size}
+    atomic_write_text(data_dir / MARKER, json.dumps(record) + "\n")  # a link at its name is replaced, not followed
     return data_dir / "an4"
+
+
+def umask_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """tarfile's 'data' filter, with the modes every other output gets (0666 or 0777 less the umask) instead of
+    the archive's 0644: under umask 077 the corpus is private like the rest of the user's files."""
+    member = tarfile.data_filter(member, dest)
+    mask = current_umask()
+    return member.replace(mode=(0o777 if member.isdir() else 0o666) & ~mask, deep=False)
 
 
 def locate_corpus(source: str, data_dir: Path) -> Path:
@@ -142,7 +161,7 @@ def locate_corpus(source: str, data_dir: Path) -> Path:
         log(f"using the extracted corpus in place: {root.resolve()}")
         return root.resolve()
     if (data_dir / MARKER).is_file() and (data_dir / "an4").is_dir():
-        done = json.loads((data_dir / MARKER).read_text())
+        done = read_record(data_dir / MARKER)
         log(f"reusing {data_dir / 'an4'} (extracted earlier from {done['archive']})")
         return (data_dir / "an4").resolve()
     if (data_dir / "an4").exists():
@@ -154,13 +173,27 @@ def locate_corpus(source: str, data_dir: Path) -> Path:
     return extract(archive, data_dir).resolve()
 
 
+def read_record(path: Path) -> dict:
+    """The extraction record: a small regular file, never read through a link planted at its name."""
+    try:
+        done = json.loads(read_text(path, RECORD_BYTES, "extraction record", follow=False))
+    except (OSError, ValueError) as e:
+        raise An4Error(f"{path} cannot be read ({e}): remove it and rerun") from None
+    if not isinstance(done, dict) or not isinstance(done.get("archive"), str):
+        raise An4Error(f"{path} is not an extraction record of this tool: remove it and rerun")
+    return done
+
+
 def copy_license(root: Path, data_dir: Path) -> Path | None:
-    """Keep CMU's notice next to the data: the project's copy if present, else the archive's own."""
+    """Keep CMU's notice next to the data: the project's copy if present, else the archive's own. Written
+    atomically: a link planted at LICENSE.an4 is replaced, the file it points at left alone."""
     for notice in (SHARED_LICENSE, root / "LICENSE"):
         if notice.is_file():
             target = data_dir / "LICENSE.an4"
-            if not target.is_file() or target.read_bytes() != notice.read_bytes():
-                shutil.copyfile(notice, target)
+            text = read_bytes(notice, RECORD_BYTES, "licence notice")
+            if os.path.islink(target) or not target.is_file() or \
+                    read_bytes(target, RECORD_BYTES, "licence notice", follow=False) != text:
+                atomic_write(target, lambda f: f.write(text))
             return target
     log(f"WARNING: no AN4 licence notice found ({SHARED_LICENSE} or {root / 'LICENSE'}); AN4 requires keeping "
         "CMU's notice")
@@ -175,7 +208,7 @@ _TRANSCRIPT = re.compile(r"^(?:<s>\s+)?(?P<words>.*?)(?:\s+</s>)?\s*\((?P<utt>[^
 def parse_transcription(path: Path) -> dict[str, str]:
     """utt-id -> words, from lines `<s> WORDS </s> (utt-id)` (train) or `WORDS (utt-id)` (test)."""
     texts = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(read_text(path, TRANSCRIPT_BYTES, "transcription").splitlines(), start=1):
         if not line.strip():
             continue
         match = _TRANSCRIPT.match(line.strip())
@@ -199,7 +232,8 @@ def read_split(root: Path, split: str) -> tuple[pd.DataFrame, list[str]]:
         if not needed.exists():
             return pd.DataFrame(), [f"{split}: missing {needed}"]
     texts = parse_transcription(etc / f"an4_{split}.transcription")
-    listed = [line.strip() for line in (etc / f"an4_{split}.fileids").read_text().splitlines() if line.strip()]
+    fileids = read_text(etc / f"an4_{split}.fileids", TRANSCRIPT_BYTES, "file list")
+    listed = [line.strip() for line in fileids.splitlines() if line.strip()]
     on_disk = {p.stem: p for p in wav_dir.glob("*/*.sph")}
     problems, records = [], []
     for entry in listed:  # e.g. an4_clstk/fash/an251-fash-b
@@ -283,7 +317,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         prepare_an4(args.source, args.data_dir, args.manifest_dir, args.dev_fraction, args.seed)
-    except An4Error as e:
+    except (An4Error, UnsafePathError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

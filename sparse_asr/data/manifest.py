@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import soundfile
 
-from sparse_asr.fileio import atomic_write
+from sparse_asr.fileio import MANIFEST_BYTES, TRANSCRIPT_BYTES, atomic_write, read_bytes, read_text
 
 COLUMNS = ["audio", "duration", "transcript", "utt_id", "speaker"]
 OURS, LEGACY = "ours", "legacy"
@@ -48,30 +48,25 @@ def read_raw(path, problems: list[str] | None = None) -> RawManifest:
     """Split a manifest into rows and tell its format, without touching the files it lists. Bad rows raise
     one ManifestError naming them all, or with `problems` given are added to it (and left out)."""
     path = Path(path)
-    if not path.is_file():
-        raise ManifestError(f"manifest {path} does not exist")
-    data = path.read_bytes()
     try:
-        text = data.decode("utf-8-sig")  # a byte-order mark (spreadsheet exports) is not part of the header
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise ManifestError(f"{path}:{line}: not UTF-8 text (byte {data[e.start]:#04x}; {e.reason})") from None
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        lines = [(reader.line_num, fields) for fields in reader]  # line_num: where the record ends
-    except csv.Error as e:
-        raise ManifestError(f"{path}:{reader.line_num + 1}: not a readable CSV line ({e})") from None
-    if not lines:
-        raise ManifestError(f"manifest {path} is empty")
+        lines = split_rows(path)
+    except ManifestError as e:
+        if problems is None:
+            raise
+        problems.append(str(e))  # the other manifests' faults are still named beside it
+        return RawManifest(path, OURS, [])
     first = [value.strip() for value in lines[0][1]]
     if first == COLUMNS:
         fmt, body, width = OURS, lines[1:], len(COLUMNS)
     elif len(first) == 2:
         fmt, body, width = LEGACY, lines, 2
     else:
-        raise ManifestError(
-            f"{path}:1: neither our header {','.join(COLUMNS)!r} nor a legacy two-column row "
-            f"(audio,transcript.txt): got {len(first)} fields {lines[0][1]!r}")
+        message = (f"{path}:1: neither our header {','.join(COLUMNS)!r} nor a legacy two-column row "
+                   f"(audio,transcript.txt): got {len(first)} fields {lines[0][1]!r}")
+        if problems is None:
+            raise ManifestError(message)
+        problems.append(message)
+        return RawManifest(path, OURS, [])
     rows, found = [], []
     for line, fields in body:
         if not fields or (len(fields) == 1 and not fields[0].strip()):
@@ -87,6 +82,30 @@ def read_raw(path, problems: list[str] | None = None) -> RawManifest:
     else:
         problems.extend(found)
     return RawManifest(path, fmt, rows)
+
+
+def split_rows(path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of every CSV record of the manifest `path`: a regular file of bounded size, UTF-8
+    (a byte-order mark, from spreadsheet exports, is not part of the header); ManifestError naming it."""
+    try:
+        data = read_bytes(path, MANIFEST_BYTES, "manifest")
+    except FileNotFoundError:
+        raise ManifestError(f"manifest {path} does not exist") from None
+    except OSError as e:
+        raise ManifestError(str(e)) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ManifestError(f"{path}:{line}: not UTF-8 text (byte {data[e.start]:#04x}; {e.reason})") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        lines = [(reader.line_num, fields) for fields in reader]  # line_num: where the record ends
+    except csv.Error as e:
+        raise ManifestError(f"{path}:{reader.line_num + 1}: not a readable CSV line ({e})") from None
+    if not lines:
+        raise ManifestError(f"manifest {path} is empty")
+    return lines
 
 
 def raise_all(problems: list[str], rows: int, path) -> None:
@@ -129,8 +148,7 @@ def read_manifest(path, problems: list[str] | None = None) -> pd.DataFrame:
         else:
             audio, txt = resolve(fields[0], base), resolve(fields[1], base)
             try:
-                with open(txt, encoding="utf-8") as f:
-                    transcript = f.read()
+                transcript = read_text(txt, TRANSCRIPT_BYTES, "transcript")  # not a FIFO, not /dev/zero
                 if not os.path.isfile(audio):  # else libsndfile says only "System error."
                     raise FileNotFoundError(f"audio file {audio} does not exist")
                 info = soundfile.info(audio)

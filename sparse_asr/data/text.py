@@ -7,13 +7,16 @@ LABELS = "_'ABCDEFGHIJKLMNOPQRSTUVWXYZ "
 BLANK = 0
 NUM_CLASSES = len(LABELS)  # 29
 _INDEX = {c: i for i, c in enumerate(LABELS)}
+# A label or its ASCII lower case: str.upper() would fold 'ß' to 'SS', 'ﬁ' to 'FI' and the dotless 'ı' to 'I'
+# and train on text the transcript never said.
+_INDEX.update({c.lower(): i for c, i in list(_INDEX.items()) if c.isascii() and c.isalpha()})
 
 
 def text_to_ids(text: str) -> list[int]:
-    """Upper-case `text` and map each character to its label index. The blank symbol '_' is not a
-    character a transcript may contain."""
+    """Map each character of `text` (upper or lower case) to its label index. The blank symbol '_' is not a
+    character a transcript may contain, nor is anything outside the labels (named, never folded)."""
     ids = []
-    for position, char in enumerate(text.upper()):
+    for position, char in enumerate(text):
         index = _INDEX.get(char)
         if index is None or index == BLANK:
             raise ValueError(f"character {char!r} at position {position} of {text!r} is not one of the labels "

@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sparse_asr.fileio import atomic_write, atomic_write_text, fsync_dir
+from sparse_asr.fileio import (INDEX_BYTES, UnsafePathError, atomic_write, atomic_write_text, fsync_dir, read_text,
+                               trusted_path)
 
 # 4: every file loads with weights_only=True (RNG states as tensors); 5: each part's state under one key (the
 # meter's counters, the compressor's memory)
@@ -115,7 +116,9 @@ def save_training_state(comm, checkpoint_dir: str | Path, state: TrainingState, 
     checkpoint_dir = Path(checkpoint_dir)
     target = checkpoint_dir / step_dir_name(state.progress.step)
     if comm.rank == 0:
-        if target.exists():  # an unfinished save of a crashed run, or the same step saved again
+        if target.is_symlink():  # planted: the link goes, never what it points at
+            target.unlink()
+        elif target.exists():  # an unfinished save of a crashed run, or the same step saved again
             shutil.rmtree(target)
         target.mkdir(parents=True)
     comm.barrier()
@@ -217,7 +220,20 @@ def complete_checkpoints(checkpoint_dir: Path) -> list[Path]:
 
 
 def step_dirs(checkpoint_dir: Path) -> list[Path]:
-    return [d for d in Path(checkpoint_dir).glob("step-*") if d.is_dir() and step_of(d) is not None]
+    """The step-N directories (a link named like one is not: a checkpoint is never read or pruned through one)."""
+    return [d for d in Path(checkpoint_dir).glob("step-*")
+            if d.is_dir() and not d.is_symlink() and step_of(d) is not None]
+
+
+def check_link(link: Path) -> None:
+    """`last` and `best` point at a step-N directory beside them, nothing else: a link to another run's checkpoint
+    (planted, or copied with a run) would continue or prune that run. CheckpointError naming it."""
+    if not link.is_symlink():
+        return
+    target = os.readlink(link)
+    if "/" in target or step_of(Path(target)) is None:
+        raise CheckpointError(f"{link} points at {target}, not at a step-N checkpoint of its own run; refusing "
+                              f"to follow it")
 
 
 def prune(checkpoint_dir: Path, keep: int, keep_best: int = 0) -> None:
@@ -259,12 +275,15 @@ def locate_checkpoint(path: str | Path) -> tuple[Path, str | None]:
     is used instead: the newest whose index reads intact."""
     path = Path(path)
     if (path / INDEX).is_file() or (path / OLD_INDEX).is_file():
-        return path.resolve(), None
+        if path.parent.name == "checkpoints":
+            check_link(path)
+        return trusted_path(path), None
     if (path / "checkpoints").is_dir():
         last = path / "checkpoints" / "last"
         try:
+            check_link(last)
             read_index(last)
-            return last.resolve(), None
+            return trusted_path(last), None
         except CheckpointError as e:
             problem = f"{last} does not exist" if not last.is_symlink() and not last.exists() else str(e)
         for candidate in reversed(complete_checkpoints(path / "checkpoints")):
@@ -272,7 +291,7 @@ def locate_checkpoint(path: str | Path) -> tuple[Path, str | None]:
                 read_index(candidate)
             except CheckpointError:
                 continue
-            return candidate.resolve(), f"{problem}: continuing from {candidate.name}, the newest intact checkpoint"
+            return trusted_path(candidate), f"{problem}: continuing from {candidate.name}, the newest intact checkpoint"
         raise CheckpointError(f"run directory {path} has no finished checkpoint ({problem}, and no step-N "
                               f"directory holds an intact index)")
     if path.is_file():
@@ -290,10 +309,12 @@ def read_index(directory: str | Path) -> dict:
     if not path.is_file() and (Path(directory) / OLD_INDEX).is_file():
         raise CheckpointError(f"{directory}: a checkpoint of format 4 or older (its index is {OLD_INDEX}); this code "
                               f"reads format {FORMAT_VERSION}: resume or evaluate it with the code that wrote it")
-    try:
-        index = json.loads(path.read_text())
+    try:  # a regular file of bounded size (a FIFO would hang the job, /dev/zero fill its memory)
+        index = json.loads(read_text(path, INDEX_BYTES, "checkpoint index", follow=False))
     except FileNotFoundError:
         raise CheckpointError(f"{path} does not exist: the checkpoint is unfinished or not one of ours") from None
+    except UnsafePathError as e:
+        raise CheckpointError(str(e)) from None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path} cannot be read: {e}") from None
     if not isinstance(index, dict) or index.get("format_version") != FORMAT_VERSION:
@@ -343,11 +364,41 @@ def load_tensors_only(path: Path) -> dict:
     Checkpoints travel between researchers, and unpickling an arbitrary object can run any code (its
     __reduce__); the SHA-256 index does not help, since whoever writes the file writes the index too."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint file {path} holds something other than tensors and plain values "
                               f"(refused, not loaded: unpickling it could run code): {first}") from None
+    for name, tensor in tensors_in(loaded):
+        if problem := layout_problem(tensor):
+            raise CheckpointError(f"checkpoint file {path}: tensor {name} {problem}; refusing it")
+    return loaded
+
+
+def tensors_in(obj, prefix: str = ""):
+    """(dotted name, tensor) of every tensor in nested dicts, lists and tuples."""
+    if torch.is_tensor(obj):
+        yield prefix or "(top level)", obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from tensors_in(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from tensors_in(value, f"{prefix}[{i}]")
+
+
+def layout_problem(tensor: torch.Tensor) -> str | None:
+    """Why a tensor's layout is not one torch.save writes for a real state, or None: strides that reuse one
+    element (stride 0 over a long dimension: a 15 KB file that expands to gigabytes once copied) or reach past
+    the storage."""
+    if tensor.numel() == 0:
+        return None
+    if any(stride <= 0 and size > 1 for size, stride in zip(tensor.shape, tensor.stride())):
+        return f"has shape {tuple(tensor.shape)} over strides {tensor.stride()} (elements repeated, not stored)"
+    last = tensor.storage_offset() + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    if (last + 1) * tensor.element_size() > tensor.untyped_storage().nbytes():
+        return "reaches past the data stored for it"
+    return None
 
 
 def file_sha256(path: Path) -> str:
@@ -428,6 +479,12 @@ def check_state_fits(what: str, expected: dict, got: dict, prefix: str = "") -> 
             shape = tuple(got[key].shape) if torch.is_tensor(got[key]) else type(got[key]).__name__
             raise CheckpointError(f"the checkpoint's {what} state does not fit this run: {prefix}{key} has shape "
                                   f"{shape}, this run's has {tuple(value.shape)}")
+        elif torch.is_tensor(value) and got[key].dtype != value.dtype:  # load_state_dict would cast it silently
+            raise CheckpointError(f"the checkpoint's {what} state does not fit this run: {prefix}{key} is "
+                                  f"{got[key].dtype}, this run's is {value.dtype}")
+        elif torch.is_tensor(value) and got[key].is_floating_point() and not bool(torch.isfinite(got[key]).all()):
+            raise CheckpointError(f"the checkpoint's {what} state cannot be used: {prefix}{key} holds NaN or "
+                                  f"infinite values")
 
 
 # ---------------------------------------------------------------------------------------- RNG

@@ -22,7 +22,13 @@ from pathlib import Path
 import yaml
 
 from sparse_asr.compression.memory import DEFAULT_MEMORY, MEMORIES
+from sparse_asr.fileio import CONFIG_BYTES, UnsafePathError, read_text
 from sparse_asr.settings import ConfigError, build, fields, natural, positive, setting, tie
+
+
+# The longest distributed.timeout_s (a week): beyond it a wait is not watched in any useful sense, and the start-up
+# guard's select() overflows on values like 1e300 (the run then went on unguarded).
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 @dataclass
@@ -105,7 +111,8 @@ class TrainConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = setting(3e-4, lambda v: v > 0, "must be > 0")  # SGD learning rate after warm-up
+    # SGD learning rate after warm-up; above 10 every step overflows (1e300 failed at step 1, the run written)
+    lr: float = setting(3e-4, lambda v: 0 < v <= 10, "must be in (0, 10]")
     momentum: float = setting(0.9, lambda v: 0 <= v < 1, "must be in [0, 1)")
     nesterov: bool = setting(True)  # (needs momentum > 0)
     weight_decay: float = setting(1e-4, natural, "must be >= 0")
@@ -158,7 +165,8 @@ class DistributedConfig:
     device: str = setting("auto", lambda v: v in ("auto", "cpu", "cuda"), "must be auto, cpu or cuda")
     # Watchdog: end the job when one MPI call has waited this many seconds (a rank stopped, hung or dead
     # would otherwise hold every other rank forever). 0 = off (the default): see README "On a cluster".
-    timeout_s: float = setting(0.0, natural, "must be >= 0 (0 = no watchdog)", resume_safe=True)
+    timeout_s: float = setting(0.0, lambda v: 0 <= v <= MAX_TIMEOUT_S,
+                               f"must be in [0, {MAX_TIMEOUT_S:g}] (0 = no watchdog; at most a week)", resume_safe=True)
 
 
 @dataclass
@@ -226,15 +234,19 @@ def read_config_file(path: Path, included_by: tuple[Path, ...] = ()) -> tuple[di
     if path.resolve() in [p.resolve() for p in included_by]:
         cycle = " -> ".join(str(p) for p in (*included_by, path))
         raise ConfigError(f"{included_by[-1]}: include cycle: {cycle}")
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f) or {}
+    try:  # a regular file of bounded size (a FIFO would hang start-up, /dev/zero fill memory)
+        raw = yaml.safe_load(read_text(path, CONFIG_BYTES, "config file")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"cannot read config file {path}{chain}: it does not exist") from None
+    except UnsafePathError as e:
+        raise ConfigError(f"{e}{chain}") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}{chain}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    check_expanded_size(raw, path)
     include = raw.pop("include", None)
     files = {key: str(path) for key in _dotted_keys(raw)}
     if include is None:
@@ -243,6 +255,27 @@ def read_config_file(path: Path, included_by: tuple[Path, ...] = ()) -> tuple[di
         raise ConfigError(f"{path}: include must be a config file name (relative to {path.parent}), got {include!r}")
     base, base_files = read_config_file(path.parent / include, (*included_by, path))
     return _merge(base, raw), {**base_files, **files}
+
+
+# YAML aliases let a 1 KB file name 10^9 values ("billion laughs"): a config is walked only after its expanded
+# form is counted, stopping at this many values (the largest real config has a few hundred).
+MAX_CONFIG_VALUES = 100_000
+
+
+def check_expanded_size(raw, path) -> None:
+    """ConfigError when `raw`, with its aliases expanded, holds more than MAX_CONFIG_VALUES values: counted by
+    a walk that stops at the bound, so it takes bounded time and no memory."""
+    count, stack = 0, [raw]
+    while stack:
+        value = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{path}: expands to more than {MAX_CONFIG_VALUES} values (YAML aliases repeating "
+                              f"one another?); refusing it")
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 def _dotted_keys(d: dict, prefix: str = "") -> list[str]:

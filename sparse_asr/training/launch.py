@@ -32,7 +32,8 @@ from sparse_asr.training.config import Config, ConfigError, config_digest, flatt
 from sparse_asr.training.plan import RunPlan, RunRequest, run_directory, run_name
 from sparse_asr.training.provenance import append_provenance, provenance, summary
 from sparse_asr.training.resume import drop_metrics_after, run_config
-from sparse_asr.training.rundir import RunDirLock, clear_previous_run, previous_run_message
+from sparse_asr.training.rundir import (RunDirLock, clear_previous_run, overwrite_problem, previous_run_message,
+                                        run_paths_problem)
 from sparse_asr.training.runlog import RunLogger
 from sparse_asr.training.runtime import (Watchdog, check_manifest_audio, local_rank_and_size, pick_device,
                                          precision_problem, seed_everything, set_threads)
@@ -199,10 +200,16 @@ def plan_run(request: RunRequest, run_dir: Path, comm) -> RunPlan:
     if cfg.run_dir.resolve() != run_dir.resolve():
         raise CheckpointError(f"the run moved from {run_dir} to {cfg.run_dir} while this job started")
     overwrite = request.overwrite and not checkpoint  # with --resume auto: only when there is nothing to continue
-    if not checkpoint and not overwrite:  # rank 0 looks (one filesystem), every rank refuses
-        refusal = comm.bcast_object(previous_run_message(cfg.run_dir) if comm.rank == 0 else None)
-        if refusal:
-            raise FileExistsError(refusal)
+    # rank 0 looks (one filesystem), every rank refuses: a path the run would write that is not safe to write,
+    # a previous run in the way, or one --overwrite cannot prove is this run
+    refusal = None
+    if comm.rank == 0:
+        refusal = run_paths_problem(cfg.run_dir)
+        if refusal is None and not checkpoint:
+            refusal = overwrite_problem(cfg.run_dir, cfg.name) if overwrite else previous_run_message(cfg.run_dir)
+    refusal = comm.bcast_object(refusal)
+    if refusal:
+        raise FileExistsError(refusal)
     return prepare_run(cfg, comm, checkpoint, overwrite, notes)
 
 
@@ -236,15 +243,16 @@ def start_run(plan: RunPlan, comm) -> Trainer:
         on_every_rank(comm, lambda: check_fits(state, model, compressor, plan.checkpoint))
 
     # Nothing was written before this line (but run_job's lock file).
-    removed = clear_previous_run(cfg.run_dir) if plan.overwrite and comm.rank == 0 else []
+    cleared, removed = clear_previous_run(cfg.run_dir) if plan.overwrite and comm.rank == 0 else (None, [])
     dropped = None  # rows a crashed run wrote after the checkpoint, or a row it cut
     if state is not None and comm.rank == 0:
         dropped = drop_metrics_after(cfg.run_dir, state.extra["metrics_rows"])
+    record = provenance(comm.size, process.device) if comm.rank == 0 else None
+    if comm.rank == 0:  # config.yaml first: the run's files then always say which run they are (--overwrite)
+        atomic_write_text(cfg.run_dir / "config.yaml", to_yaml(cfg))
     # TensorBoard readers drop the crashed run's events from step + 1 on; the checkpoint step's own points stay.
     log = RunLogger(cfg.run_dir, enabled=comm.rank == 0, purge_step=state.progress.step + 1 if state else None)
-    record = provenance(comm.size, process.device) if comm.rank == 0 else None
     if comm.rank == 0:
-        atomic_write_text(cfg.run_dir / "config.yaml", to_yaml(cfg))
         append_provenance(cfg.run_dir, record)  # which code, machine and libraries (one line per start)
     log.info(f"run {cfg.run_dir} on {comm.size} rank(s), device {process.device}, {process.threads} CPU thread(s) "
              f"per rank\n--- resolved config\n{to_yaml(cfg)}---")
@@ -253,7 +261,7 @@ def start_run(plan: RunPlan, comm) -> Trainer:
     if dropped:
         log.info(dropped)
     if removed:
-        log.info(f"--overwrite: deleted the previous run's {', '.join(p.name for p in removed)} in {cfg.run_dir}")
+        log.info(f"--overwrite: deleted the previous run's {', '.join(p.name for p in removed)} in {cleared}")
     log.info(plan.data_line)
     if unalignable:  # CTC's zero_infinity turns their loss into 0: they would train nothing, silently
         log.warn(f"{len(unalignable)} training utterances have more labels than the model's output frames can "

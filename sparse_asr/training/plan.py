@@ -16,8 +16,9 @@ from pathlib import Path
 
 import yaml
 
+from sparse_asr.fileio import RECORD_BYTES, read_text
 from sparse_asr.training.checkpoint import Located, TrainingState, locate_checkpoint
-from sparse_asr.training.config import Config, ConfigError, default_run_name, load_config, parse_override
+from sparse_asr.training.config import MAX_TIMEOUT_S, Config, ConfigError, default_run_name, load_config, parse_override
 from sparse_asr.training.resume import run_dir_of
 
 if typing.TYPE_CHECKING:
@@ -41,17 +42,20 @@ class RunRequest:
     def timeout_s(self) -> float:
         """distributed.timeout_s as far as it is known before the run's directory is locked: the config's, else
         an override's, else (a run resumed with its own config) the one its config.yaml was last started with;
-        0 when it cannot be read (the plan's config then says)."""
+        0 when it cannot be read or is out of bounds (the plan's config then says)."""
         if self.config is not None:
             return self.config.distributed.timeout_s
         try:
             if "distributed.timeout_s" in self.given:
-                return float(self.given["distributed.timeout_s"])
-            path = Path(self.resume)
-            run_dir = path if (path / "config.yaml").is_file() else path.resolve().parent.parent
-            return float(yaml.safe_load((run_dir / "config.yaml").read_text())["distributed"]["timeout_s"])
+                timeout = float(self.given["distributed.timeout_s"])
+            else:
+                path = Path(self.resume)
+                run_dir = path if (path / "config.yaml").is_file() else path.resolve().parent.parent
+                saved = read_text(run_dir / "config.yaml", RECORD_BYTES, "run config", follow=False)
+                timeout = float(yaml.safe_load(saved)["distributed"]["timeout_s"])
         except Exception:  # noqa: BLE001 -- a watchdog-less start-up; the plan's config is checked under the lock
             return 0.0
+        return timeout if 0 <= timeout <= MAX_TIMEOUT_S else 0.0
 
 
 def read_request(config_path: str | Path | None, overrides: typing.Sequence[str] = (), resume: str = "",

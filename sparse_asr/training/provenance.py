@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from sparse_asr.fileio import open_no_follow
+from sparse_asr.fileio import open_append
 from sparse_asr.training.runtime import cpu_model
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -71,7 +71,7 @@ def summary(record: dict) -> str:
 
 
 def append_provenance(run_dir: Path, record: dict) -> None:
-    with open(Path(run_dir) / "provenance.jsonl", "a", opener=open_no_follow) as f:
-        f.write(json.dumps(record) + "\n")
+    with open_append(Path(run_dir) / "provenance.jsonl") as f:
+        f.write((json.dumps(record) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())

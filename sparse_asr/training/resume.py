@@ -17,7 +17,7 @@ import json
 import typing
 from pathlib import Path
 
-from sparse_asr.fileio import atomic_write
+from sparse_asr.fileio import atomic_write, read_bytes
 from sparse_asr.training.checkpoint import (INDEX, CheckpointError, Located, check_world_size, complete_checkpoints,
                                             locate_checkpoint, read_index, step_of)
 from sparse_asr.training.config import (Config, ConfigError, build_config, flatten, resolve_world_size,
@@ -31,6 +31,7 @@ if typing.TYPE_CHECKING:
 SAFE_TO_CHANGE = resume_safe_keys()
 # Keys that describe where and how the run was started, not its training: never compared.
 LOCATION_KEYS = ("name", "out_dir", "train.resume", "distributed.world_size")
+METRICS_BYTES = 1 << 30  # a run's metrics.jsonl (a long run logs a few MB)
 
 
 def run_config(request: RunRequest, world_size: int) -> tuple[Config, Located | None, list[str]]:
@@ -117,21 +118,24 @@ def intact_index(directory: Path) -> bool:
 def drop_metrics_after(run_dir: Path, rows: int) -> str | None:
     """Keep the first `rows` lines of run_dir/metrics.jsonl (the ones written before the checkpoint; a
     crashed run may have written more), rewritten atomically, and of those only the complete ones: a
-    line cut by a crash (no newline, not JSON) and everything after it goes, so the resumed run never
-    appends to half a row. Returns what was dropped, for the log, or None."""
+    line cut by a crash (no newline, not JSON) or damaged goes, the complete rows around it stay, so the
+    resumed run never appends to half a row. Returns what was dropped, for the log, or None."""
     path = Path(run_dir) / "metrics.jsonl"
-    lines = path.read_bytes().splitlines(keepends=True) if path.exists() else []
-    keep = min(rows, len(lines))
-    for number, line in enumerate(lines[:keep]):
-        if not line.endswith(b"\n") or not complete_row(line):
-            keep = number
-            break
-    if keep == len(lines):
+    try:  # never through a link planted at its name
+        lines = read_bytes(path, METRICS_BYTES, "metrics file", follow=False).splitlines(keepends=True)
+    except FileNotFoundError:
+        lines = []
+    covered = lines[:rows]
+    damaged = [number for number, line in enumerate(covered, start=1)
+               if not line.endswith(b"\n") or not complete_row(line)]
+    if not damaged and len(covered) == len(lines):
         return None
-    atomic_write(path, lambda f: f.writelines(lines[:keep]))
-    damaged = f"; line {keep + 1} was cut or damaged" if keep < min(rows, len(lines)) else ""
-    return (f"metrics.jsonl: kept the {keep} complete rows the checkpoint covers, dropped {len(lines) - keep} "
-            f"line(s) after them{damaged}")
+    kept = [line for number, line in enumerate(covered, start=1) if number not in damaged]
+    atomic_write(path, lambda f: f.writelines(kept))
+    said = (f"; line {damaged[0]} was cut or damaged" if len(damaged) == 1 else
+            f"; lines {', '.join(map(str, damaged))} were cut or damaged" if damaged else "")
+    return (f"metrics.jsonl: kept the {len(kept)} complete rows the checkpoint covers, dropped "
+            f"{len(lines) - len(kept)} line(s){said}")
 
 
 def complete_row(line: bytes) -> bool:

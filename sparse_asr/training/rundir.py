@@ -11,7 +11,10 @@ import socket
 import time
 from pathlib import Path
 
-from sparse_asr.fileio import open_no_follow
+import yaml
+
+from sparse_asr.fileio import (RECORD_BYTES, UnsafePathError, check_directory, check_writable_file, open_no_follow,
+                               read_text, trusted_path)
 
 # what train.py writes, besides the event files
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "provenance.jsonl")
@@ -23,7 +26,7 @@ def previous_run(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    return [run_dir / name for name in RUN_FILES if (run_dir / name).exists()] + sorted(run_dir.glob(EVENT_FILES))
+    return [run_dir / name for name in RUN_FILES if os.path.lexists(run_dir / name)] + sorted(run_dir.glob(EVENT_FILES))
 
 
 def previous_run_message(run_dir: str | Path) -> str | None:
@@ -39,16 +42,55 @@ def previous_run_message(run_dir: str | Path) -> str | None:
             f"with --resume, or replace it with --overwrite")
 
 
-def clear_previous_run(run_dir: str | Path) -> list[Path]:
-    """Delete a previous run's files from `run_dir` (only those: anything else the user put there stays);
-    returns what was deleted."""
-    found = previous_run(run_dir)
+def run_paths_problem(run_dir: str | Path) -> str | None:
+    """Why a run may not write in `run_dir`, or None: checked before it writes anything (a refusal then leaves no
+    half-started run). The directory is reached through trusted links only (fileio.trusted_path: a link in a
+    directory others can write is refused), checkpoints/ is a directory if it exists (a dangling link would fail
+    only at the first save, an epoch in), and no file the run writes is a link, FIFO or directory."""
+    run_dir = Path(run_dir)
+    try:
+        check_directory(run_dir, "run directory")
+        check_directory(run_dir / "checkpoints", "checkpoint directory")
+        for name in ("config.yaml", "metrics.jsonl", "provenance.jsonl"):
+            check_writable_file(run_dir / name)
+    except UnsafePathError as e:
+        return str(e)
+    return None
+
+
+def overwrite_problem(run_dir: str | Path, name: str) -> str | None:
+    """Why --overwrite may not delete the previous run in `run_dir`, or None. Only what the run's own files prove
+    is run `name` is deleted: its config.yaml (a regular file, not a link) must name it. A directory another run's
+    files sit in (runs/NAME linked to runs/OTHER) is left alone."""
+    if not previous_run(run_dir):
+        return None
+    config = Path(run_dir) / "config.yaml"
+    try:
+        saved = yaml.safe_load(read_text(config, RECORD_BYTES, "run config", follow=False))
+        saved_name = saved.get("name") if isinstance(saved, dict) else None
+    except FileNotFoundError:
+        return (f"--overwrite: {run_dir} holds a run's files but no config.yaml saying which run they are; "
+                f"refusing to delete them (delete them yourself if they are yours)")
+    except (OSError, yaml.YAMLError) as e:
+        return f"--overwrite: cannot tell which run {run_dir} holds ({e}); refusing to delete it"
+    if saved_name != name:
+        return (f"--overwrite: {run_dir} (which is {trusted_path(run_dir)}) holds run {saved_name!r} by its "
+                f"config.yaml, not {name!r}; refusing to delete it")
+    return None
+
+
+def clear_previous_run(run_dir: str | Path) -> tuple[Path, list[Path]]:
+    """Delete a previous run's files from `run_dir` (only those: anything else the user put there stays; a link
+    among them is removed, never what it points at); returns the directory they were deleted from (links
+    resolved) and what was deleted."""
+    real = trusted_path(run_dir)
+    found = previous_run(real)
     for path in found:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
             path.unlink()
-    return found
+    return real, found
 
 
 class RunDirLock:
@@ -73,6 +115,8 @@ class RunDirLock:
         if self.comm.rank == 0:
             try:
                 refusal = self._take()
+            except UnsafePathError as e:
+                refusal = e
             except OSError as e:
                 refusal = OSError(e.errno, f"cannot take the lock {self.path}: {e.strerror or e}")
         refusal = self.comm.bcast_object(refusal)
@@ -83,6 +127,8 @@ class RunDirLock:
 
     def _take(self) -> str | None:
         """Rank 0: lock RUN_DIR/.lock and write the holder into it; the refusal message if another job holds it."""
+        # the run directory through trusted links only: a runs/NAME link planted in a shared runs/ is refused
+        self.path = trusted_path(self.path.parent) / self.NAME
         run_dir = self.path.parent
         if run_dir.exists() and not run_dir.is_dir():
             return f"run directory {run_dir} exists and is not a directory"

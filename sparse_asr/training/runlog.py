@@ -11,6 +11,7 @@ Runs logged before the dev set's rename call it "val" (kind "val", tags val/*): 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import lzma
 import math
@@ -19,6 +20,8 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from sparse_asr.fileio import check_directory, open_append, open_regular
 
 OLD_NAMES = {"val": "dev"}  # the dev set's name in runs logged before the rename
 
@@ -31,6 +34,12 @@ def current_name(name: str) -> str:
 
 # A run kept in docs/results holds its metrics compressed (scripts/keep_runs.py): xz, or gzip before xz
 ARCHIVE_OPENERS = {".xz": lzma.open, ".gz": gzip.open}
+
+
+@contextmanager
+def nothing(f):
+    """The opener of an uncompressed file: the file itself."""
+    yield f
 
 
 def metrics_path(run_dir: str | Path) -> Path | None:
@@ -49,9 +58,20 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     def refuse(constant):
         raise ValueError(f"non-finite value {constant} in {path}")
 
-    with ARCHIVE_OPENERS.get(path.suffix, open)(path, "rt") as f:
-        rows = [json.loads(line, parse_constant=refuse) for line in f if line.strip()]
+    # a regular file, never through a link planted at its name (a FIFO would hang the reader)
+    with open_regular(path, "metrics file", follow=False) as raw, ARCHIVE_OPENERS.get(path.suffix, nothing)(raw) as f:
+        rows = [json.loads(line, parse_constant=refuse) for line in io.TextIOWrapper(f, encoding="utf-8")
+                if line.strip()]
     return [{current_name(k): current_name(v) if k == "kind" else v for k, v in row.items()} for row in rows]
+
+
+def count_lines(path: Path) -> int:
+    """Lines of a file, a last one without its newline included (read in chunks: metrics grow with the run)."""
+    lines, last = 0, b"\n"
+    with open_regular(path, "metrics file", follow=False) as f:
+        while chunk := f.read(1 << 20):
+            lines, last = lines + chunk.count(b"\n"), chunk[-1:]
+    return lines + (last != b"\n")
 
 
 class RunLogger:
@@ -63,13 +83,13 @@ class RunLogger:
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            run_dir = self.run_dir = Path(run_dir)
+            self.run_dir = Path(run_dir)
+            run_dir = check_directory(run_dir, "run directory")  # through trusted links only
             run_dir.mkdir(parents=True, exist_ok=True)
             # purge_step: on resume, TensorBoard readers drop the events a crashed run wrote at steps >= it
             self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
-            path = run_dir / "metrics.jsonl"
-            self.rows = len(path.read_bytes().splitlines()) if path.exists() else 0
-            self.jsonl = open(path, "a")
+            self.jsonl = open_append(run_dir / "metrics.jsonl")  # never through a link planted at its name
+            self.rows = count_lines(run_dir / "metrics.jsonl")
 
     def info(self, message: str) -> None:
         if self.enabled:
@@ -91,7 +111,7 @@ class RunLogger:
         with self.naming_the_run_dir():
             for tag, value in finite.items():
                 self.writer.add_scalar(tag, value, step)
-            self.jsonl.write(json.dumps(line, allow_nan=False) + "\n")
+            self.jsonl.write((json.dumps(line, allow_nan=False) + "\n").encode())
             self.jsonl.flush()
         self.rows += 1
 
