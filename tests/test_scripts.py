@@ -180,7 +180,14 @@ def test_slurm_submit_really_calls_sbatch_with_the_dry_run_words(tmp_path):
     dry = shlex.split(command_lines(ok(args + ["--dry-run"], env))[0])
     assert "--export=ALL,REPO_DIR=%s,VENV=%s,MODULES=gcc cuda/12,SRUN_MPI=,CUDA_AWARE_MPI=0,DRY_RUN=0" % (
         REPO, VENV) in dry
-    assert ok(args, {**env, **LEFTOVERS, "DRY_RUN": "1"}, clean=False) == ["123.fake"]
+    logs = REPO / "runs" / "slurm"
+    made = [d for d in (logs.parent, logs) if not d.exists()]
+    try:
+        assert ok(args, {**env, **LEFTOVERS, "DRY_RUN": "1"}, clean=False) == ["123.fake"]
+        assert logs.is_dir()  # sbatch does not create its --output directory: the script must
+    finally:
+        for directory in reversed(made):
+            directory.rmdir()  # only the empty directories this call made; never a user's logs
     assert recorded_calls(log) == [dry[1:]]
 
 
