@@ -11,7 +11,6 @@ from sparse_asr.decoding import BeamDecoder, BeamSettings, GreedyDecoder, decode
 from sparse_asr.decoding.lm import build_lm, lm_dir_for, write_lm
 from sparse_asr.decoding.ngram import WittenBell
 
-pytestmark = pytest.mark.unit
 
 
 def emission(frames: list[dict]) -> torch.Tensor:
@@ -33,6 +32,7 @@ def spoken(word: str, doubt: dict[int, dict] = ()) -> list[dict]:
     return frames
 
 
+@pytest.mark.unit
 def test_the_lexicon_beam_corrects_a_misspelling_the_greedy_path_makes(tmp_path):
     # the last letter of SEVEN sounds more like M: greedy writes SEVEM, a word no training text has
     log_probs = emission(spoken("SEVEN", {4: {"M": 0.5, "N": 0.4, "_": 0.05}}) + [{" ": 0.9}]
@@ -47,6 +47,7 @@ def test_the_lexicon_beam_corrects_a_misspelling_the_greedy_path_makes(tmp_path)
     assert with_lexicon == ["SEVEN TWO"] and with_lm == ["SEVEN TWO"]
 
 
+@pytest.mark.unit
 def test_the_language_model_chooses_between_two_words_the_sounds_leave_open(tmp_path):
     """FOUR or FOUL after TWO, the sounds slightly for FOUL: the LM, which only saw TWO FOUR, decides."""
     log_probs = emission(spoken("TWO") + [{" ": 0.9}] + spoken("FOUR", {3: {"L": 0.48, "R": 0.47}}))
@@ -64,6 +65,7 @@ HAND = {("A", ("<s>",)): (2 + 2 / 5) / 3, ("B", ("<s>",)): (1 / 5) / 3, ("</s>",
         ("</s>", ("B",)): (1 + 2 / 5) / 2, ("A", ("B",)): (2 / 5) / 2, ("A", ()): 2 / 5, ("B", ()): 1 / 5}
 
 
+@pytest.mark.unit
 def test_the_witten_bell_estimate_equals_a_hand_computed_case():
     model = WittenBell([["A", "B"], ["A"]], order=2)
     for (word, context), expected in HAND.items():
@@ -92,6 +94,7 @@ def kenlm_log10(lm, vocabulary, words: list[str]) -> list[float]:
     return scores
 
 
+@pytest.mark.unit
 def test_kenlm_reads_the_arpa_file_back_as_the_hand_computed_probabilities(tmp_path):
     """The decoder's LM (flashlight's KenLM) on the ARPA file: seen bigrams and backed-off unseen ones."""
     lm_dir = write_lm([["A", "B"], ["A"]], tmp_path, order=2)
@@ -109,6 +112,7 @@ def random_corpus(seed: int, sentences: int = 60) -> list[list[str]]:
     return [[rng.choice(words[: rng.randint(2, 8)]) for _ in range(rng.randint(1, 6))] for _ in range(sentences)]
 
 
+@pytest.mark.unit
 def test_the_trigram_equals_nltks_witten_bell_and_kenlms_reading_of_it(tmp_path):
     """nltk.lm.WittenBellInterpolated fitted on the same n-grams (one <s>, the unigram <s> not counted, as
     SRILM and KenLM pad) gives the same probability for every word in every context of a random corpus."""
@@ -142,6 +146,7 @@ def write_csv(path, transcripts):
     return path
 
 
+@pytest.mark.unit
 def test_the_lm_reads_the_training_transcripts_only(tmp_path):
     """A word planted in the dev and test transcripts only is outside the lexicon and the LM."""
     train = write_csv(tmp_path / "an4_train.csv", ["ENTER SIX", "ERASE A B", "RUBOUT TWO"])
@@ -157,6 +162,7 @@ def test_the_lm_reads_the_training_transcripts_only(tmp_path):
     assert lm_for == lm_dir
 
 
+@pytest.mark.unit
 def test_make_decoder_names_what_it_decodes_with(tmp_path):
     build_lm(write_csv(tmp_path / "an4_train.csv", ["SEVEN TWO", "TWO"]), tmp_path / "lm", order=2)
     assert make_decoder("greedy").name == "greedy"
@@ -167,6 +173,7 @@ def test_make_decoder_names_what_it_decodes_with(tmp_path):
         make_decoder("viterbi")
 
 
+@pytest.mark.unit
 def test_tuning_on_dev_emissions_writes_the_grid_beside_the_lm_and_refuses_a_test_set(tmp_path, capsys):
     import json
 
@@ -186,3 +193,21 @@ def test_tuning_on_dev_emissions_writes_the_grid_beside_the_lm_and_refuses_a_tes
     assert "best: beam 16, lm_weight 0, word_score 0: dev WER 0.0000" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="tune on dev only"):
         tune.main(["--emissions", "x.npz", "--manifest", str(tmp_path / "an4_test.csv"), "--lm", str(lm_dir)])
+
+
+@pytest.mark.data
+def test_the_beam_decodes_the_same_emissions_alike_every_time(an4_manifests, tmp_path):
+    """Kept emissions (steps of 1/16 nat) tie often, and flashlight orders equal hypotheses by chance: without
+    decoders.break_ties, fresh decoders of one file give different texts within a few tries."""
+    from pathlib import Path
+
+    from sparse_asr.training.emissions import load_emissions
+
+    kept = Path(__file__).resolve().parent.parent / "docs/results/verdict_p4x4/runs/dense-s6/emissions_test.npz"
+    _, log_probs = load_emissions(kept)
+    lm_dir = lm_dir_for(an4_manifests / "an4_train.csv", order=3, root=tmp_path)
+    texts = set()
+    for _ in range(4):
+        decoder = BeamDecoder(BeamSettings(16, 0.0, 0.0), lm_dir / "lexicon.txt")
+        texts.add(tuple(decode_each(decoder, log_probs)))
+    assert len(texts) == 1

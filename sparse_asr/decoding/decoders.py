@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from sparse_asr.data.text import LABELS, greedy_decode
 
 # The beam decoder's token names, index for index with data/text.LABELS: blank, apostrophe, A-Z, word boundary.
 TOKENS = ["-", *LABELS[1:-1], "|"]
+TIE_BREAK = 1e-4  # nats: far below the emissions' 1/16 nat step, so it only decides exact ties
 MISSING = ("beam decoding needs the flashlight-text package (pinned in requirements.txt): run bash scripts/setup.sh "
            "or .venv/bin/pip install flashlight-text==0.0.7")
 
@@ -71,8 +73,12 @@ class BeamDecoder:
     def decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
         if log_probs.dim() != 3:
             raise ValueError(f"log_probs must be (T, B, C), got shape {tuple(log_probs.shape)}")
-        emissions = log_probs.detach().to("cpu", torch.float32).transpose(0, 1).contiguous()  # (B, T, C)
-        hypotheses = self._decoder(emissions, lengths.detach().cpu().to(torch.int32))
+        emissions = log_probs.detach().to("cpu", torch.float32).transpose(0, 1)  # (B, T, C)
+        emissions = emissions.clone(memory_format=torch.contiguous_format)  # ours: break_ties writes into it
+        lengths = lengths.detach().cpu().to(torch.int32)
+        for b, length in enumerate(lengths.tolist()):
+            break_ties(emissions[b, :length])
+        hypotheses = self._decoder(emissions, lengths)
         texts = []
         for best in hypotheses:
             if not best:
@@ -103,6 +109,14 @@ def kenlm_quiet():
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+
+
+def break_ties(emission: torch.Tensor) -> None:
+    """Add (in place) at most TIE_BREAK nats of noise seeded by the emission's own bytes. flashlight's beam orders
+    hypotheses of equal score by chance (the same emission decoded twice could give two texts), and emissions kept
+    as bytes (training/emissions.py: steps of 1/16 nat) tie often; so perturbed, equal inputs decode alike."""
+    seed = zlib.crc32(emission.numpy().tobytes())
+    emission += TIE_BREAK * torch.rand(emission.shape, generator=torch.Generator().manual_seed(seed))
 
 
 def import_ctc_decoder():
