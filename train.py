@@ -21,7 +21,7 @@ import argparse  # noqa: E402
 import sys  # noqa: E402
 
 from sparse_asr.comm import Communicator  # noqa: E402
-from sparse_asr.training.runtime import StartupGuard, run_or_abort  # noqa: E402
+from sparse_asr.training.runtime import StartupGuard, end_job, run_or_abort  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     if problem is not None:
         run_or_abort(comm, raise_, problem)
     run_or_abort(comm, run_job, comm, request)
+    # a resumed run's own timeout is in the config.yaml it has just written (request.timeout_s reads it)
+    end_job(comm, request.timeout_s)  # watched until MPI_Finalize: a rank gone now must not hang the job
     return 0
 
 

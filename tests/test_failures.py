@@ -105,9 +105,9 @@ def test_a_full_disk_during_a_checkpoint_names_the_cause_and_the_file_and_leaves
     proc = train_cli(["--config", str(SMOKE_CONFIG), *tiny_overrides(an4_manifests, small_disk, "full"),
                       "train.checkpoint_every_steps=2", "model.name=lstman4_small"])
     assert proc.returncode == 1, proc.stderr
-    assert re.search(rf"rank 0: OSError: \[Errno 28\] checkpoint {small_disk}/full/checkpoints/step-\d+ not written: "
+    assert re.search(rf"^OSError: \[Errno 28\] checkpoint {small_disk}/full/checkpoints/step-\d+ not written: "
                      rf"rank 0: \[Errno 28\] could not write {small_disk}/full/checkpoints/step-\d+/\S+\.pt: "
-                     r"No space left on device", proc.stderr), proc.stderr
+                     r"No space left on device", proc.stderr, flags=re.MULTILINE), proc.stderr
     assert "unexpected pos" not in proc.stderr and "Traceback" not in proc.stderr
     assert not list((small_disk / "full" / "checkpoints").glob("step-*"))  # no unfinished step directory
 

@@ -26,18 +26,20 @@ def run_python(args, env=None, **kw):
 def test_a_user_error_is_one_line_without_traceback():
     proc = run_python(ERROR_MODULE + ["config"], {"SPARSE_ASR_TRACEBACK": ""})
     assert proc.returncode == 1
-    assert proc.stderr == "rank 0: ConfigError: cfg.yaml: train.epochs must be >= 1, got 0\n"
+    assert proc.stderr == "ConfigError: cfg.yaml: train.epochs must be >= 1, got 0\n"  # one process: no "rank 0: "
     proc = run_python(ERROR_MODULE + ["missing"], {"SPARSE_ASR_TRACEBACK": ""})
-    assert proc.stderr == "rank 0: FileNotFoundError: checkpoint runs/x/last.pt does not exist\n"
+    assert proc.stderr == "FileNotFoundError: checkpoint runs/x/last.pt does not exist\n"
+    proc = run_python(ERROR_MODULE + ["refused"], {"SPARSE_ASR_TRACEBACK": ""})  # a refused path: no stack after it
+    assert proc.stderr == "UnsafePathError: runs/x/metrics.jsonl is a symbolic link; refusing to follow it\n"
 
 
 @pytest.mark.tooling
 def test_a_bug_or_traceback_requested_prints_the_traceback():
     proc = run_python(ERROR_MODULE + ["bug"], {"SPARSE_ASR_TRACEBACK": ""})
     assert proc.returncode == 1
-    assert proc.stderr.startswith("rank 0: RuntimeError: something unexpected\nTraceback (most recent call last):")
+    assert proc.stderr.startswith("RuntimeError: something unexpected\nTraceback (most recent call last):")
     proc = run_python(ERROR_MODULE + ["config"], {"SPARSE_ASR_TRACEBACK": "1"})
-    assert proc.stderr.startswith("rank 0: ConfigError: cfg.yaml: train.epochs must be >= 1, got 0\nTraceback")
+    assert proc.stderr.startswith("ConfigError: cfg.yaml: train.epochs must be >= 1, got 0\nTraceback")
 
 
 @pytest.mark.mpi
@@ -152,3 +154,49 @@ def test_a_stopped_rank_ends_the_job_with_the_watchdog(an4_manifests, tmp_path, 
     assert "finished normally" not in proc.stdout
     stopped = float(re.search(r"STOPPING (\d+\.\d+)", proc.stderr).group(1))
     assert ended - stopped < 15, f"the job took {ended - stopped:.1f} s to end after the stop (timeout 3 s)"
+
+
+def assert_ended_soon_after_the_stop(proc, message: str, timeout_s: float):
+    ended = time.time()
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert re.search(message, proc.stderr), proc.stderr
+    assert "finished normally" not in proc.stdout
+    stopped = float(re.search(r"STOPPING (\d+\.\d+)", proc.stderr).group(1))
+    assert ended - stopped < timeout_s + 12, f"the job took {ended - stopped:.1f} s to end after the stop"
+
+
+@pytest.mark.mpi
+def test_a_rank_stopped_after_the_run_is_done_ends_the_job_instead_of_hanging_at_exit(an4_manifests, tmp_path):
+    """train.py under mpiexec: rank 1 stops after rank 0 printed done:; the job's last MPI calls (a final barrier,
+    MPI_Finalize) are watched like its first, so it ends in timeout_s instead of waiting in MPI_Finalize."""
+    from tests.mpi.train_common import SMOKE_CONFIG, tiny_overrides
+
+    overrides = tiny_overrides(an4_manifests, tmp_path, "exit", train__epochs=1, distributed__timeout_s=3,
+                               data__max_train_utterances=8, train__global_batch_size=8)
+    proc = run_mpi(2, ["-m", "tests.mpi.stop_at_exit", "train-done", "--config", str(SMOKE_CONFIG), *overrides],
+                   timeout=180)
+    assert "done: " in proc.stdout, proc.stdout + proc.stderr
+    assert_ended_soon_after_the_stop(proc, r"rank 0: watchdog: MPI Barrier has waited \d+ s \(distributed\.timeout_s"
+                                           r"=3\)|MPI_Finalize \(every rank leaving the job\) has not finished", 3)
+
+
+@pytest.fixture(scope="module")
+def trained_run(an4_manifests, tmp_path_factory):
+    from tests.mpi.train_common import run_training, tiny_overrides
+
+    out = tmp_path_factory.mktemp("trained")
+    run_training(tiny_overrides(an4_manifests, out, "run", train__epochs=1, data__max_train_utterances=8,
+                                train__global_batch_size=8))
+    return out / "run"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("when", ["startup", "scoring"])
+def test_evaluate_under_mpiexec_ends_when_a_rank_stops(trained_run, an4_manifests, when):
+    """evaluate.py has training's start-up guard (a rank stopped before MPI_Init) and watchdog (one stopped while
+    the manifest is scored)."""
+    proc = run_mpi(2, ["-m", "tests.mpi.stop_at_exit", f"evaluate-{when}", str(trained_run), "--manifest",
+                       str(an4_manifests / "an4_dev.csv"), "--timeout-s", "3"], timeout=180)
+    message = (r"MPI start-up \(MPI_Init: every rank joining the job\) has not finished after 3 s" if when == "startup"
+               else r"rank 0: watchdog: MPI \w+ has waited \d+ s \(distributed\.timeout_s=3\)")
+    assert_ended_soon_after_the_stop(proc, message, 3)

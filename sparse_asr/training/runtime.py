@@ -18,8 +18,9 @@ import torch
 
 from sparse_asr.data.audio import AudioError
 from sparse_asr.data.manifest import ManifestError, audio_problem
+from sparse_asr.fileio import UnsafePathError
 from sparse_asr.training.checkpoint import CheckpointError
-from sparse_asr.training.config import ConfigError
+from sparse_asr.training.config import MAX_TIMEOUT_S, ConfigError
 
 LOCAL_RANK_VARIABLES = ("MPI_LOCALRANKID", "PMI_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PALS_LOCAL_RANKID",
                         "SLURM_LOCALID")
@@ -120,7 +121,7 @@ class StartupGuard:
     timeout_s: a rank stopped or hung before MPI is up holds every other rank there, before the Watchdog
     exists. MPI_Init holds the GIL, so no Python thread of this process could act: a small watcher process
     does, killing this one (the launcher, hydra's mpiexec or srun, then ends the whole job). disarm() once
-    MPI is up; from the first collective on, the Watchdog watches."""
+    MPI is up; from the first collective on, the Watchdog watches. end_job guards MPI_Finalize the same way."""
 
     WATCHER = ("import os, select, signal, sys\n"
                "parent, timeout, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]\n"
@@ -128,12 +129,11 @@ class StartupGuard:
                "    print(message, file=sys.stderr, flush=True)\n"
                "    os.kill(parent, signal.SIGKILL)\n")
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, what: str = "MPI start-up (MPI_Init: every rank joining the job)"):
         self.watcher = None
-        if timeout_s > 0:
-            message = (f"PID {os.getpid()} on {socket.gethostname()}: MPI start-up (MPI_Init: every rank joining "
-                       f"the job) has not finished after {timeout_s:g} s (distributed.timeout_s): a rank is "
-                       f"stopped, hung or dead; ending the job")
+        if 0 < timeout_s <= MAX_TIMEOUT_S:
+            message = (f"PID {os.getpid()} on {socket.gethostname()}: {what} has not finished after {timeout_s:g} "
+                       f"s (distributed.timeout_s): a rank is stopped, hung or dead; ending the job")
             self.watcher = subprocess.Popen([sys.executable, "-c", self.WATCHER, str(os.getpid()), str(timeout_s),
                                              message], stdin=subprocess.PIPE, close_fds=True)
 
@@ -142,6 +142,26 @@ class StartupGuard:
             self.watcher.stdin.close()  # EOF: the watcher exits
             self.watcher.wait()
             self.watcher = None
+
+
+def end_job(comm, timeout_s: float) -> None:
+    """Collective, a job's last MPI calls, guarded like its first: a barrier under the Watchdog (a rank stopped or
+    gone after the work is done ends the job in timeout_s instead of holding the others at exit), then
+    MPI_Finalize under a watcher process (StartupGuard: Finalize holds the GIL), for a rank lost between the
+    barrier and Finalize. Without it a job whose results were printed could hang in MPI_Finalize forever."""
+    if comm.size == 1 or not timeout_s:
+        return
+    watchdog = Watchdog(comm, timeout_s)
+    try:
+        run_or_abort(comm, comm.barrier)
+    finally:
+        watchdog.stop()
+    from mpi4py import MPI
+
+    guard = StartupGuard(timeout_s, "MPI_Finalize (every rank leaving the job)")
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    guard.disarm()
 
 
 class Watchdog:
@@ -184,7 +204,7 @@ class Watchdog:
 # Errors whose message says all a user needs (the file, line or key, and what is wrong): printed without
 # a traceback unless SPARSE_ASR_TRACEBACK=1. Anything else is a bug or an environment problem: traceback.
 USER_ERRORS = (ConfigError, ManifestError, AudioError, CheckpointError, FileNotFoundError, FileExistsError,
-               KeyboardInterrupt)
+               UnsafePathError, KeyboardInterrupt)
 # A disk or file system that refuses a write: the message names the file and the cause, no bug behind it.
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG)
 
@@ -206,7 +226,8 @@ def run_or_abort(comm, fn, *args):
         user_error = is_user_error(e) and os.environ.get("SPARSE_ASR_TRACEBACK") != "1"
         if user_error and comm.rank != 0:
             time.sleep(3.0)  # rank 0, if it failed alike, has aborted the job by now
-        message = f"rank {comm.rank}: {type(e).__name__}" + (f": {e}" if str(e) else "")
+        # "rank R: " says which rank failed when there are several; one process needs no such prefix
+        message = (f"rank {comm.rank}: " if comm.size > 1 else "") + type(e).__name__ + (f": {e}" if str(e) else "")
         if not user_error:
             message += "\n" + "".join(traceback.format_exception(e)).rstrip()
         os.write(2, (message + "\n").encode())  # one write: two ranks' lines never merge into one
