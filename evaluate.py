@@ -52,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     decoding.add_argument("--tune-on", metavar="DEV_MANIFEST", help="with --decoder beam: first tune lm_weight, "
                           "word_score and the beam on this dev set (decoding/tune.py's grid, printed; saved as "
                           "tuned.json beside the LM)")
+    parser.add_argument("--timeout-s", type=float, metavar="SECONDS", help="under mpiexec: end the job when one MPI "
+                        "call (start-up and exit included) waits this long, a rank stopped or gone (default: the "
+                        "checkpoint's distributed.timeout_s; 0 = never)")
     averaging = parser.add_argument_group("checkpoint averaging")
     averaging.add_argument("--average", type=at_least(1), default=0, metavar="N", help="average the parameters and "
                            "BatchNorm statistics of the run's N best checkpoints (checkpoint: the run directory)")
@@ -60,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.emissions and not args.manifest:
         parser.error("--emissions needs --manifest")
+    if args.timeout_s is not None and not 0 <= args.timeout_s <= 7 * 24 * 3600:
+        parser.error("--timeout-s must be between 0 and a week (604800)")
     if args.decoder == "greedy" and (args.tune_on or any(v is not None for v in (args.beam_size, args.lm_weight,
                                                                                     args.word_score))):
         parser.error("--beam-size, --lm-weight, --word-score and --tune-on need --decoder beam")
@@ -84,7 +89,7 @@ def load_model(args, device, log):
     """The model of a checkpoint (its shared file only, verified against the checkpoint's index), or with --average N
     the average of N of the run's checkpoints; and the (newest) checkpoint's shared content."""
     from sparse_asr.models import build_model
-    from sparse_asr.training.checkpoint import load_shared
+    from sparse_asr.training.checkpoint import CheckpointError, check_state_fits, load_shared
 
     if args.average:
         from sparse_asr.training.averaging import averaged_model
@@ -96,6 +101,10 @@ def load_model(args, device, log):
         _, shared = load_shared(args.checkpoint)
         state = shared["model"]
     model = build_model(shared["config"]["model"]["name"])
+    try:  # keys, shapes, dtypes and finite values, named (load_state_dict would cast int64 and take NaN silently)
+        check_state_fits("model", model.state_dict(), state)
+    except CheckpointError as e:
+        raise CheckpointError(f"cannot evaluate {args.checkpoint}: {e}") from None
     model.load_state_dict(state)
     return model.to(device).eval(), shared
 
@@ -200,8 +209,9 @@ def score_manifest(args, comm, model, device, decoders, training) -> dict:
     from sparse_asr.training.evaluation import evaluate
     from sparse_asr.training.runtime import check_manifest_audio
 
-    frame = read_manifest(args.manifest)
-    check_manifest_audio(comm, [frame])  # every unusable audio file named by manifest line, before scoring
+    problems = []  # the manifest's row faults, named in one error with its audio faults
+    frame = read_manifest(args.manifest, problems)
+    check_manifest_audio(comm, [frame], problems=problems)  # every unusable row named by line, before scoring
     dataset = SpeechDataset(frame)
     check_inputs(comm, dataset.audio, training)
     result = evaluate(model, dataset, comm, device, args.batch_size, keep_rows=args.worst > 0,
@@ -281,11 +291,33 @@ def run(args, comm):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    comm = Communicator()
-    from sparse_asr.training.runtime import run_or_abort
+    from sparse_asr.training.runtime import StartupGuard, Watchdog, end_job, run_or_abort
 
+    # Guarded like training from MPI start-up to MPI_Finalize: a rank stopped under mpiexec ends the job in
+    # timeout_s instead of hanging it.
+    timeout = args.timeout_s if args.timeout_s is not None else checkpoint_timeout(args.checkpoint)
+    guard = StartupGuard(timeout)
+    comm = Communicator()
+    guard.disarm()
+    watchdog = Watchdog(comm, timeout) if timeout and comm.size > 1 else None
     run_or_abort(comm, run, args, comm)
+    if watchdog is not None:
+        watchdog.stop()
+    end_job(comm, timeout)
     return 0
+
+
+def checkpoint_timeout(path) -> float:
+    """The checkpoint's distributed.timeout_s (read from its index before MPI is up), 0 when it cannot be read:
+    the checkpoint is then refused, with its reason, once MPI is up."""
+    from sparse_asr.training.checkpoint import locate_checkpoint, read_index
+    from sparse_asr.training.config import MAX_TIMEOUT_S
+
+    try:
+        timeout = float(read_index(locate_checkpoint(path)[0])["config"]["distributed"]["timeout_s"])
+    except Exception:  # noqa: BLE001 -- reported once MPI is up, as every error is
+        return 0.0
+    return timeout if 0 <= timeout <= MAX_TIMEOUT_S else 0.0
 
 
 if __name__ == "__main__":
