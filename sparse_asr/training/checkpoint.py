@@ -332,7 +332,29 @@ def read_index(directory: str | Path) -> dict:
         raise CheckpointError(f"{path} lacks its own SHA-256 (index_sha256): edited or damaged")
     if index["index_sha256"] != index_digest(index):
         raise CheckpointError(f"{path} was edited or damaged: its content no longer matches its own SHA-256")
+    if problem := index_form_problem(index):  # a hand-made index can carry a matching digest
+        raise CheckpointError(f"{path}: {problem}")
     return index
+
+
+def index_form_problem(index: dict) -> str | None:
+    """What in an index has the wrong type (an int where a dict belongs, ...), or None: named here instead of a
+    TypeError wherever the entry is first used."""
+    def whole(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not whole(index["world_size"]) or index["world_size"] < 1:
+        return f"world_size must be a positive integer, got {index['world_size']!r}"
+    if not whole(index["step"]):
+        return f"step must be an integer >= 0, got {index['step']!r}"
+    if not isinstance(index["config"], dict):
+        return f"config must be a mapping, got {type(index['config']).__name__}"
+    if not isinstance(index["files"], dict):
+        return f"files must be a mapping of file names, got {type(index['files']).__name__}"
+    for name, entry in index["files"].items():
+        if not (isinstance(entry, dict) and whole(entry.get("bytes")) and isinstance(entry.get("sha256"), str)):
+            return f"files.{name} must hold bytes (an integer) and sha256 (a string), got {entry!r}"
+    return None
 
 
 def index_digest(index: dict) -> str:
@@ -440,9 +462,13 @@ def load_training_state(comm, path: str | Path | Located) -> TrainingState:
         if mine["rank"] != comm.rank or shared["config"] != index["config"]:
             raise CheckpointError(f"checkpoint {directory}: {rank_file(comm.rank)} or {SHARED} does not match "
                                   f"the index (rank {mine['rank']}, config)")
-        return TrainingState(config=shared["config"], model=shared["model"], optimizer=shared["optimizer"],
-                             progress=Progress(**shared["progress"]), mine=RankState(**mine["state"]),
-                             extra=shared["extra"])
+        try:  # entries of another form: named, not a TypeError
+            return TrainingState(config=shared["config"], model=shared["model"], optimizer=shared["optimizer"],
+                                 progress=Progress(**shared["progress"]), mine=RankState(**mine["state"]),
+                                 extra=shared["extra"])
+        except (TypeError, KeyError) as e:
+            raise CheckpointError(f"checkpoint {directory}: its progress or state entries are not of this code's "
+                                  f"form ({e})") from None
 
     return on_every_rank(comm, load)
 
