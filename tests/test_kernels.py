@@ -143,6 +143,8 @@ def test_intersect_sorted_matches_torch_and_refuses_unsorted_input():
     a = torch.tensor([5, 1, 9], dtype=torch.int32)
     assert kernels.intersect_sorted(a, torch.tensor([1, 9])) is None
     assert selection.intersect_unique(a, torch.tensor([1, 9])).tolist() == [1, 9]  # the sort takes over
+    assert kernels.intersect_sorted(torch.tensor([1, 1, 2], dtype=torch.int32), torch.tensor([1, 2])) is None
+    assert kernels.intersect_sorted(torch.tensor([1, 2], dtype=torch.int32), torch.tensor([0, 1, 2, 7, 3])) is None
 
 
 @pytest.mark.unit

@@ -384,9 +384,9 @@ def sum_runs(indices: torch.Tensor, values: torch.Tensor, max_runs: int = 64):
 
 
 @jit
-def _increasing(a):
+def _increasing(a, start):
     bad = False
-    for q in range(1, a.shape[0]):
+    for q in range(start + 1, a.shape[0]):
         bad |= a[q] <= a[q - 1]
     return not bad
 
@@ -394,17 +394,23 @@ def _increasing(a):
 @jit
 def _intersect_sorted(a, b, out):
     """The entries of a also in b, both strictly increasing; -1 if either is not. Branch-free steps: which
-    side advances is data, not a jump the processor mispredicts half the time."""
-    if not (_increasing(a) and _increasing(b)):
-        return -1
+    side advances is data, not a jump the processor mispredicts half the time; each step past an entry checks
+    that the next one is larger, and what the walk did not reach is checked after it."""
     i = j = count = 0
     na, nb = a.shape[0], b.shape[0]
+    bad = False
     while i < na and j < nb:
         x, y = a[i], b[j]
+        next_x, next_y = a[min(i + 1, na - 1)], b[min(j + 1, nb - 1)]
         out[count] = x
         count += x == y
-        i += x <= y
-        j += y <= x
+        step_a, step_b = x <= y, y <= x
+        bad |= step_a & (i + 1 < na) & (next_x <= x)
+        bad |= step_b & (j + 1 < nb) & (next_y <= y)
+        i += step_a
+        j += step_b
+    if bad or not (_increasing(a, i) and _increasing(b, j)):
+        return -1
     return count
 
 
