@@ -35,8 +35,8 @@ from sparse_asr.training.resume import drop_metrics_after, run_config
 from sparse_asr.training.rundir import (RunDirLock, clear_previous_run, overwrite_problem, previous_run_message,
                                         run_paths_problem)
 from sparse_asr.training.runlog import RunLogger
-from sparse_asr.training.runtime import (Watchdog, check_manifest_audio, local_rank_and_size, pick_device,
-                                         precision_problem, seed_everything, set_threads)
+from sparse_asr.training.runtime import (Watchdog, check_manifest_audio, cuda_aware_problem, local_rank_and_size,
+                                         pick_device, precision_problem, seed_everything, set_threads)
 from sparse_asr.training.trainer import Trainer
 
 
@@ -52,6 +52,8 @@ def setup_process(comm, device: str = "auto", threads: int = 0, precision: str =
                   cuda_aware: bool = False) -> Process:
     """This rank's device (one GPU per rank by local rank), CPU threads (no oversubscription) and a refusal,
     naming the machine, of a precision it cannot run."""
+    if problem := cuda_aware_problem(cuda_aware):
+        raise ConfigError(problem)
     comm.cuda_aware = cuda_aware
     local_rank, local_size = local_rank_and_size(comm)
     picked = pick_device(device, local_rank)
@@ -127,13 +129,23 @@ def load_data(cfg: Config, comm, device: torch.device = torch.device("cpu")) -> 
             s.cache_device = where
     said = (f"data: {len(data.train)} train, {len(data.dev)} dev, {len(data.test) if data.test else 0} test "
             f"utterances; audio of {checked} manifest rows checked in {seconds:.2f} s on {comm.size} rank(s){cached}")
-    long = frames["train"][frames["train"]["duration"] > LONG_UTTERANCE_S]
-    if len(long):  # memory and step time grow with the longest utterance of a batch
-        said += (f"\nWARNING: {len(long)} training utterance(s) longer than {LONG_UTTERANCE_S:g} s (AN4's longest is "
-                 f"about 10 s; memory and step time grow with length): " + ", ".join(
-                     f"{frames['train'].attrs['manifest']}:{line} ({length:.0f} s)"
-                     for line, length in zip(long["line"][:5], long["duration"][:5])))
+    said += long_utterances(frames)
     return data, said
+
+
+def long_utterances(frames: dict) -> str:
+    """A warning naming the utterances of every set (train, dev, test) longer than LONG_UTTERANCE_S, or "": memory
+    and step time grow with the longest utterance of a batch, in evaluation as in training."""
+    out = ""
+    for split, frame in frames.items():
+        long = frame[frame["duration"] > LONG_UTTERANCE_S] if len(frame) else frame
+        if len(long):
+            what = "training" if split == "train" else split
+            out += (f"\nWARNING: {len(long)} {what} utterance(s) longer than {LONG_UTTERANCE_S:g} s (AN4's longest is "
+                    f"about 10 s; memory and step time grow with length): " + ", ".join(
+                        f"{frame.attrs['manifest']}:{line} ({length:.0f} s)"
+                        for line, length in zip(long["line"][:5], long["duration"][:5])))
+    return out
 
 
 def cache_placement(nbytes: int, device: torch.device) -> tuple[torch.device, str]:

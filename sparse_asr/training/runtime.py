@@ -78,6 +78,42 @@ def precision_problem(precision: str, device: torch.device) -> str | None:
     return None
 
 
+def mpi_cuda_support() -> bool | None:
+    """Whether the MPI library in this process reads GPU buffers (MPIX_Query_cuda_support: MPICH and Open MPI
+    define it; the pip `mpich` wheel answers 0); None when it cannot tell (no MPI, an MPI without the call)."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    if hasattr(MPI, "Query_cuda_support"):  # mpi4py >= 4.2
+        return bool(MPI.Query_cuda_support())
+    import ctypes
+    import re
+
+    try:  # the libmpi mpi4py loaded: its own symbol
+        with open("/proc/self/maps") as f:
+            libraries = sorted(set(re.findall(r"(/\S*libmpi\S*\.so\S*)", f.read())))
+        for library in libraries:
+            query = getattr(ctypes.CDLL(library), "MPIX_Query_cuda_support", None)
+            if query is not None:
+                return bool(query())
+    except OSError:
+        pass
+    return None
+
+
+def cuda_aware_problem(cuda_aware: bool) -> str | None:
+    """Why distributed.cuda_aware_mpi=true cannot work here (the MPI library has no CUDA support: the first GPU
+    buffer would crash inside MPI), or None."""
+    if cuda_aware and mpi_cuda_support() is False:
+        from sparse_asr.training.provenance import mpi_library
+
+        return (f"distributed.cuda_aware_mpi=true, but this MPI library ({mpi_library()}) has no CUDA support "
+                f"(MPIX_Query_cuda_support() is 0): use distributed.cuda_aware_mpi=false (GPU buffers staged "
+                f"through host memory), or a CUDA-aware MPI build")
+    return None
+
+
 def set_threads(requested: int, local_size: int) -> int:
     """CPU threads per rank: the configured number; else OMP_NUM_THREADS if the user set it; else the
     cores this process may use divided among the ranks of the node (no oversubscription)."""
