@@ -200,3 +200,48 @@ def test_evaluate_under_mpiexec_ends_when_a_rank_stops(trained_run, an4_manifest
     message = (r"MPI start-up \(MPI_Init: every rank joining the job\) has not finished after 3 s" if when == "startup"
                else r"rank 0: watchdog: MPI \w+ has waited \d+ s \(distributed\.timeout_s=3\)")
     assert_ended_soon_after_the_stop(proc, message, 3)
+
+
+def doctored_checkpoint(run_dir, out, change):
+    """A copy of the run's last checkpoint with one model tensor changed by `change` (saved properly: index and
+    digests match, as a crafted checkpoint's would)."""
+    from sparse_asr.comm import Communicator
+    from sparse_asr.training.checkpoint import load_training_state, save_training_state
+
+    comm = Communicator()
+    state = load_training_state(comm, run_dir)
+    name = next(k for k, v in state.model.items() if v.is_floating_point())
+    state.model[name] = change(state.model[name].clone())
+    return save_training_state(comm, out / "checkpoints", state), name
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("change, says", [
+    (lambda t: t.to(dtype=__import__("torch").int64), r"is torch\.int64, this run's is torch\.float32"),
+    (lambda t: t[:1], r"has shape \(1, .*\), this run's has"),
+    (lambda t: t.fill_(float("nan")), r"holds NaN or infinite values")])
+def test_evaluate_refuses_a_checkpoint_that_does_not_fit_in_one_line_naming_the_tensor(trained_run, an4_manifests,
+                                                                                       tmp_path, change, says):
+    directory, name = doctored_checkpoint(trained_run, tmp_path, change)
+    proc = run_python(["evaluate.py", str(directory), "--manifest", str(an4_manifests / "an4_dev.csv")],
+                      {"SPARSE_ASR_TRACEBACK": ""})
+    assert proc.returncode == 1
+    assert re.fullmatch(rf"CheckpointError: cannot evaluate {directory}: the checkpoint's model state .*"
+                        rf"{re.escape(name)} {says}.*\n", proc.stderr), proc.stderr
+
+
+@pytest.mark.mpi
+def test_evaluate_names_a_manifests_row_faults_and_audio_faults_together(trained_run, tiny_manifest, tmp_path):
+    df = read_manifest(tiny_manifest)
+    rows = [[a, str(d), t, u, s] for a, d, t, u, s in zip(df["audio"], df["duration"], df["transcript"], df["utt_id"],
+                                                            df["speaker"])]
+    rows[1][0] = str(tmp_path / "gone.wav")  # line 3: its audio is missing
+    rows[2][1] = "long"  # line 4: a row fault
+    (tmp_path / "m.csv").write_text("audio,duration,transcript,utt_id,speaker\n" + "".join(",".join(r) + "\n"
+                                                                                         for r in rows))
+    proc = run_python(["evaluate.py", str(trained_run), "--manifest", str(tmp_path / "m.csv")],
+                      {"SPARSE_ASR_TRACEBACK": ""})
+    assert proc.returncode == 1
+    assert "m.csv:4: duration 'long' is not a number" in proc.stderr, proc.stderr
+    assert f"m.csv:3: {tmp_path / 'gone.wav'}: file does not exist" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
