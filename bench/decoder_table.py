@@ -68,7 +68,8 @@ def run_row(run_dir: Path, lm_dir: Path, args) -> dict:
     test_ids, test_lp = load_emissions(run_dir / "emissions_test.npz")
     refs = references(args.test_manifest, test_ids)
     lm_settings = BeamSettings(best_lm["beam_size"], best_lm["lm_weight"], best_lm["word_score"])
-    decoders = {"greedy": GreedyDecoder(), "beam": BeamDecoder(BeamSettings(best_lm["beam_size"])),
+    # the lexicon-free beam scores the model alone (no word score)
+    decoders = {"greedy": GreedyDecoder(), "beam": BeamDecoder(BeamSettings(best_lm["beam_size"], 0.0, 0.0)),
                 "beam + lexicon": BeamDecoder(BeamSettings(best_lex["beam_size"], 0.0, best_lex["word_score"]),
                                               lexicon),
                 "beam + lexicon + LM": BeamDecoder(lm_settings, lexicon, arpa)}
