@@ -436,6 +436,11 @@ def test_every_start_records_its_code_and_machine(an4_manifests, tmp_path):
                 and record["cpu_dispatch"] == torch.backends.cpu.get_cpu_capability())
         assert record["mpi4py"] and record["python"]
     assert f"provenance: code {head[:12]}" in proc.stdout
+    # the console gets the settings a reader checks first in one line; every setting is in the run's config.yaml
+    config_lines = [line for line in proc.stdout.splitlines() if line.startswith("config: ")]
+    assert config_lines == [f"config: model lstman4_tiny, dense, global batch 4, lr 0.0003, 2 epochs, seed 1 "
+                            f"(every setting: {tmp_path / 'prov' / 'config.yaml'})"], proc.stdout
+    assert "train_manifest" not in proc.stdout and "train_manifest" in (tmp_path / "prov" / "config.yaml").read_text()
 
 
 def test_inputs_named_up_front(tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from sparse_asr.compression import Compressor, build_exchange, warmup_steps
+from sparse_asr.compression import COMPRESSORS, DEFAULT_MEMORY, Compressor, build_exchange, warmup_steps
 from sparse_asr.data.audio import SpecAugment
 from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, TrainingData, feature_bytes
 from sparse_asr.data.manifest import read_manifest
@@ -225,6 +225,17 @@ def plan_run(request: RunRequest, run_dir: Path, comm) -> RunPlan:
     return prepare_run(cfg, comm, checkpoint, overwrite, notes)
 
 
+def settings_line(cfg: Config, world_size: int) -> str:
+    """The settings a reader checks first, in one line; the whole resolved config is the run's config.yaml."""
+    c = cfg.compression
+    exchange = f"{c.algorithm} at density {c.density:g}" if COMPRESSORS[c.algorithm].uses_density else c.algorithm
+    if c.memory != DEFAULT_MEMORY:
+        exchange += f", memory {c.memory}"
+    batch = cfg.train.global_batch_size or cfg.train.batch_per_rank * world_size
+    return (f"config: model {cfg.model.name}, {exchange}, global batch {batch}, lr {cfg.optim.lr:g}, "
+            f"{cfg.train.epochs} epochs, seed {cfg.seed}")
+
+
 def prepare_run(cfg: Config, comm, checkpoint: str | Located | None = None, overwrite: bool = False,
                 notes: Sequence[str] = ()) -> RunPlan:
     """Collective: the plan of a resolved config: this rank's process set up, the checkpoint's state loaded (every
@@ -267,7 +278,7 @@ def start_run(plan: RunPlan, comm) -> Trainer:
     if comm.rank == 0:
         append_provenance(cfg.run_dir, record)  # which code, machine and libraries (one line per start)
     log.info(f"run {cfg.run_dir} on {comm.size} rank(s), device {process.device}, {process.threads} CPU thread(s) "
-             f"per rank\n--- resolved config\n{to_yaml(cfg)}---")
+             f"per rank\n{settings_line(cfg, comm.size)} (every setting: {cfg.run_dir / 'config.yaml'})")
     if record is not None:
         log.info(f"provenance: {summary(record)}")
     if dropped:
