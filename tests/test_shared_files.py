@@ -299,3 +299,17 @@ def test_a_shared_file_still_loads(tmp_path):
     directory = save_training_state(Communicator(), tmp_path / "checkpoints", make_state(3))
     _, shared = load_shared(directory)
     assert shared["progress"]["step"] == 3
+
+
+def test_a_full_disk_at_the_lock_leaves_no_empty_run_directory(tmp_path, monkeypatch):
+    import errno
+
+    from sparse_asr.training import rundir
+
+    def full(*_):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(rundir.os, "pwrite", full)
+    with pytest.raises(OSError, match=r"cannot take the lock .*runs/new/\.lock: No space left on device"):
+        RunDirLock(tmp_path / "runs" / "new", RankZero()).acquire()
+    assert not (tmp_path / "runs").exists()

@@ -17,6 +17,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
 import tarfile
 import tempfile
@@ -315,6 +316,8 @@ def main(argv=None) -> int:
                         help="share of training utterances held out, by speaker")
     parser.add_argument("--seed", type=int, default=0, help="seed of the dev speaker choice (changing it changes dev)")
     args = parser.parse_args(argv)
+    # a kill (SIGTERM: a batch job's end, `kill`) leaves through the finally blocks: no temporary directory stays
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         prepare_an4(args.source, args.data_dir, args.manifest_dir, args.dev_fraction, args.seed)
     except (An4Error, UnsafePathError) as e:

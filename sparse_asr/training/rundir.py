@@ -119,6 +119,8 @@ class RunDirLock:
                 refusal = e
             except OSError as e:
                 refusal = OSError(e.errno, f"cannot take the lock {self.path}: {e.strerror or e}")
+            if refusal:  # (a full disk at the lock file) a refused start leaves no empty directories behind
+                self._remove_created_dirs()
         refusal = self.comm.bcast_object(refusal)
         if isinstance(refusal, OSError):
             raise refusal
@@ -178,8 +180,12 @@ class RunDirLock:
             self.path.unlink(missing_ok=True)  # still holding the lock: a job that opened it now sees it is gone
             os.close(self.fd)  # (closing releases the flock)
             self.fd = None
-            for directory in self.created_dirs:  # only where the job wrote nothing
-                try:
-                    directory.rmdir()
-                except OSError:
-                    break
+            self._remove_created_dirs()
+
+    def _remove_created_dirs(self) -> None:
+        for directory in self.created_dirs:  # only where the job wrote nothing (rmdir removes only empty ones)
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+        self.created_dirs = []
