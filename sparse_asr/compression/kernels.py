@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 try:
+    if os.environ.get("SPARSE_ASR_KERNELS", "1") == "0":
+        raise ImportError("SPARSE_ASR_KERNELS=0")  # not even imported (numba's import takes a second or two)
     import numba
     from numba.cpython.unsafe.numbers import trailing_zeros
 except ImportError:  # the torch reference runs instead
@@ -35,7 +37,7 @@ except ImportError:  # the torch reference runs instead
     def trailing_zeros(bits):  # the plain-Python stand-in (tests run the loops uncompiled too)
         return (int(bits) & -int(bits)).bit_length() - 1
 
-ENABLED = numba is not None and os.environ.get("SPARSE_ASR_KERNELS", "1") != "0"
+ENABLED = numba is not None
 
 
 def jit(fn):
