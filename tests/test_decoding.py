@@ -8,7 +8,7 @@ import torch
 
 from sparse_asr.data.text import LABELS
 from sparse_asr.decoding import BeamDecoder, BeamSettings, GreedyDecoder, decode_each, make_decoder
-from sparse_asr.decoding.lm import build_lm, lm_dir_for, write_lm
+from sparse_asr.decoding.lm import build_lm, lm_dir_for, read_json, write_lm
 from sparse_asr.decoding.ngram import WittenBell
 
 
@@ -211,3 +211,16 @@ def test_the_beam_decodes_the_same_emissions_alike_every_time(an4_manifests, tmp
         decoder = BeamDecoder(BeamSettings(16, 0.0, 0.0), lm_dir / "lexicon.txt")
         texts.add(tuple(decode_each(decoder, log_probs)))
     assert len(texts) == 1
+
+
+@pytest.mark.unit
+def test_an_lm_directory_with_a_planted_link_is_refused(tmp_path):
+    lm_dir = write_lm([["SEVEN", "TWO"]], tmp_path / "lm", order=2)
+    (lm_dir / "lm.arpa").rename(tmp_path / "elsewhere.arpa")
+    (lm_dir / "lm.arpa").symlink_to(tmp_path / "elsewhere.arpa")
+    with pytest.raises(OSError, match="lm.arpa"):
+        make_decoder("beam", lm=str(lm_dir))
+    (lm_dir / "lm.json").unlink()
+    (lm_dir / "lm.json").symlink_to(tmp_path / "elsewhere.arpa")
+    with pytest.raises(OSError, match="lm.json"):
+        read_json(lm_dir / "lm.json")

@@ -18,12 +18,13 @@ from pathlib import Path
 from sparse_asr.data.manifest import read_manifest
 from sparse_asr.data.text import LABELS
 from sparse_asr.decoding.ngram import WittenBell
-from sparse_asr.fileio import atomic_write_text
+from sparse_asr.fileio import atomic_write_text, open_regular, read_text, trusted_path
 
 DEFAULT_ORDER = 3
 DEFAULT_ROOT = Path("lm")
 BOUNDARY = "|"  # the word boundary token (the space label)
 FILES = ("lexicon.txt", "lm.arpa", "lm.json")
+RECORD_LIMIT = 1 << 20  # lm.json, tuned.json: small records
 
 
 def training_sentences(train_manifest: str | Path) -> tuple[list[list[str]], str]:
@@ -78,22 +79,20 @@ def lm_dir_for(train_manifest: str | Path, order: int = DEFAULT_ORDER, root: str
 
 
 def lm_files(lm_dir: str | Path) -> tuple[Path, Path]:
-    """(lexicon.txt, lm.arpa) of an LM directory, refusing symbolic links (KenLM opens the path itself)."""
-    lm_dir = Path(lm_dir)
+    """(lexicon.txt, lm.arpa) of an LM directory, reached through trusted links only, neither file a link nor
+    anything but a regular file (KenLM and the decoder open the paths themselves)."""
+    lm_dir = trusted_path(lm_dir)
     paths = (lm_dir / "lexicon.txt", lm_dir / "lm.arpa")
     for path in paths:
-        if path.is_symlink():
-            raise OSError(f"{path} is a symbolic link; refusing to follow it")
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             raise FileNotFoundError(f"{path} does not exist: build it with python -m sparse_asr.decoding.tune "
                                     f"--lm auto, or give --lm a directory holding lexicon.txt and lm.arpa")
+        open_regular(path, "LM file", follow=False).close()
     return paths
 
 
 def read_json(path: str | Path) -> dict:
-    if Path(path).is_symlink():
-        raise OSError(f"{path} is a symbolic link; refusing to follow it")
-    value = json.loads(Path(path).read_text())
+    value = json.loads(read_text(path, RECORD_LIMIT, "LM record", follow=False))
     if not isinstance(value, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return value
