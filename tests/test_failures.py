@@ -274,7 +274,7 @@ def test_planted_symlinks_are_never_written_through(tmp_path):
     for directory, name in ((tmp_path / "run", ".lock"), (tmp_path / "data", ".an4.lock")):
         directory.mkdir()
         (directory / name).symlink_to(victim)
-    with pytest.raises(OSError, match=rf"cannot take the lock {tmp_path / 'run' / '.lock'}: .* is a symbolic link"):
+    with pytest.raises(OSError, match=rf"^{tmp_path / 'run' / '.lock'} is a symbolic link; refusing to follow it$"):
         RunDirLock(tmp_path / "run", Communicator()).acquire()
     with pytest.raises(An4Error, match=rf"{tmp_path / 'data' / '.an4.lock'} is a symbolic link; refusing"):
         with _locked(tmp_path / "data"):
