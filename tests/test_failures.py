@@ -441,6 +441,8 @@ def test_every_start_records_its_code_and_machine(an4_manifests, tmp_path):
     assert config_lines == [f"config: model lstman4_tiny, dense, global batch 4, lr 0.0003, 2 epochs, seed 1 "
                             f"(every setting: {tmp_path / 'prov' / 'config.yaml'})"], proc.stdout
     assert "train_manifest" not in proc.stdout and "train_manifest" in (tmp_path / "prov" / "config.yaml").read_text()
+    done = [line for line in proc.stdout.splitlines() if line.startswith("done: ")]
+    assert len(done) == 1 and " test wer " in done[0] and done[0].endswith("  (greedy decoding)"), done  # named
 
 
 def test_inputs_named_up_front(tmp_path):

@@ -332,8 +332,10 @@ def run_job(comm, request: RunRequest) -> dict:
             lock.release()
         if watchdog is not None:
             watchdog.stop()
+    beam = plan.config.train.eval_decoder == "beam"
+    decoders = "greedy decoding" + ("; beam_*: the beam + lexicon + LM" if beam else "")
     trainer.log.info(f"done: {plan.run_dir}" + "".join(f"  {split} {k} {v:.4f}" for split, summary in results.items()
-                                                      for k, v in summary.items()))
+                                                      for k, v in summary.items()) + f"  ({decoders})")
     return results
 
 
