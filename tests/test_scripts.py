@@ -353,7 +353,7 @@ REFUSED = [
     (["scripts/sweep.sh", "-c", SMOKE, "--ranks", "2 3", "--algorithms", "dense"],
      "not divisible by the 3 ranks", False),
     (["scripts/sweep.sh", "-c", CONFIG, "--scheduler", "pbs", "-A", "P", "--ranks", "4 8", "optim.lr=-1"],
-     "optim.lr must be > 0", False),
+     "optim.lr must be in (0, 10], got -1.0", False),
     (["scripts/sweep.sh", "-c", "configs/lstman4_dense.yaml", "--scheduler", "slurm", "--ranks", "12"],
      "not divisible by the 12 ranks", True),
 ]
