@@ -88,6 +88,57 @@ def test_padding_does_not_change_a_samples_output(name):
         (batch[:n, 1] - alone[:, 0]).abs().max()
 
 
+def packed_reference_forward(model, features, lengths):
+    """The model's forward with every LSTM on packed sequences and every sequence-wise BatchNorm on the packed
+    frames (PyTorch's own handling of variable lengths), written out here: the model must compute the same."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    from sparse_asr.models.deepspeech import CONV_GEOMETRY, conv_output_size, mask_time
+
+    x = mask_time(features, lengths)
+    for (conv, norm, activation), (kernel, stride, padding) in zip(model.conv_blocks, CONV_GEOMETRY):
+        lengths = conv_output_size(lengths, kernel[1], stride[1], padding[1])
+        x = mask_time(activation(norm(conv(x))), lengths)
+    batch, channels, freq, steps = x.shape
+    x = pack_padded_sequence(x.view(batch, channels * freq, steps).permute(2, 0, 1), lengths)
+    for i, rnn in enumerate(model.rnns):
+        if i > 0:
+            x = x._replace(data=model.rnn_norms[i - 1](x.data))
+        x, _ = rnn(x)
+    x, _ = pad_packed_sequence(x, total_length=steps)
+    x = torch.nn.functional.hardtanh(model.lookahead(x), 0, 20)
+    x = pack_padded_sequence(x, lengths)
+    x = x._replace(data=torch.log_softmax(model.classifier(model.output_norm(x.data)), dim=-1))
+    return pad_packed_sequence(x, total_length=steps)[0]
+
+
+@pytest.mark.parametrize("name", ["lstman4_small", "lstman4_tiny"])
+def test_training_forward_and_gradient_equal_the_packed_computation(name):
+    """In training mode (BatchNorm on the batch's valid frames), with garbage in the padding: the output and
+    every parameter's gradient equal those of the packed reference."""
+    torch.manual_seed(0)
+    model = build_model(name).train()
+    randomize_batchnorms(model, seed=1)
+    lengths = torch.tensor([90, 71, 57, 40])
+    features = torch.randn(len(lengths), 1, 161, 90)
+    for b, n in enumerate(lengths):
+        features[b, :, :, n:] = 100 * torch.randn(1, 161, 90 - int(n))
+    targets = torch.randn(model(features, lengths)[0].shape)  # a loss that weighs every output
+    gradients = []
+    for forward in (lambda: model(features, lengths)[0], lambda: packed_reference_forward(model, features, lengths)):
+        model.zero_grad()
+        out = forward()
+        (out * targets).sum().backward()
+        gradients.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+    (ours, our_grads), (reference, reference_grads) = gradients
+    assert torch.allclose(ours, reference, atol=1e-5, rtol=1e-5), (ours - reference).abs().max()
+    # A bias in front of a training BatchNorm has a true gradient of 0 (its rounding noise is all there is): each
+    # tensor is held to the scale of the whole gradient.
+    scale = max(float(r.abs().max()) for r in reference_grads)
+    for (pname, _), g, r in zip(model.named_parameters(), our_grads, reference_grads):
+        assert float((g - r).abs().max()) <= 1e-5 * scale, (pname, (g - r).abs().max(), scale)
+
+
 def test_gradients_accumulate_into_one_flat_buffer():
     model = build_model("lstman4_tiny")
     params = list(model.parameters())

@@ -17,8 +17,9 @@ LSTM keeps both PyTorch biases, and the lookahead weight is (800, 1, context + 1
 with any of these different the count does not come out.
 
 Padding: every sample's output depends only on its own frames. The input and the output of
-each conv block are zeroed beyond the sample's length; the LSTMs run on packed sequences; the
-sequence-wise BatchNorms run on the packed frames only (so in training their statistics
+each conv block are zeroed beyond the sample's length; a forward LSTM runs on the padded batch
+(its output at t sees no later frame), a bidirectional one on packed sequences; the
+sequence-wise BatchNorms run on the valid frames only (so in training their statistics
 ignore padding); the lookahead sees zeros beyond each sample's end. Output positions at or
 beyond `output_lengths` are padding (zeros) and must be ignored, as CTCLoss does.
 
@@ -80,9 +81,25 @@ def mask_time(x, lengths):
     return x * time_mask(x, lengths)
 
 
-def map_packed(module, packed):
-    """Apply a frame-wise module to the valid frames of a PackedSequence (no padding inside)."""
-    return packed._replace(data=module(packed.data))
+def map_valid(module, x, valid):
+    """A frame-wise module applied to the valid frames of x (T, B, H) alone (valid: (T, B) bool), zeros elsewhere.
+    The frames are taken time-major, in batch order within a step: the order of a PackedSequence's data."""
+    frames = module(x[valid])
+    out = frames.new_zeros(*x.shape[:2], frames.size(-1))
+    out[valid] = frames
+    return out
+
+
+def run_lstm(rnn, x, lengths):
+    """An LSTM over x (T, B, H), zero past each sample's end -> (T, B, H'), valid where x is. A forward LSTM's
+    output at t sees frames <= t only, so the padding after a sample's end changes nothing before it: it runs on
+    the padded batch, one fused kernel per layer (oneDNN, cuDNN). PyTorch's packed path loops over time steps on a
+    CPU, and its backward allocates the whole input's gradient at each (a training step 2x slower). The backward
+    direction of a bidirectional LSTM must start at each sample's own end: packed."""
+    if not rnn.bidirectional:
+        return rnn(x)[0]  # past each end: values the caller ignores
+    y, _ = rnn(pack_padded_sequence(x, lengths.cpu(), enforce_sorted=True))
+    return pad_packed_sequence(y, total_length=x.size(0))[0]
 
 
 class Lookahead(nn.Module):
@@ -156,17 +173,14 @@ class DeepSpeech(nn.Module):
 
         batch, channels, freq, steps = x.shape
         x = x.view(batch, channels * freq, steps).permute(2, 0, 1)  # (T', B, C*F)
-        # pack_padded_sequence wants the lengths on the CPU; enforce_sorted checks the order.
-        x = pack_padded_sequence(x, lengths.cpu(), enforce_sorted=True)
+        valid = torch.arange(steps, device=x.device)[:, None] < lengths[None, :]  # (T', B)
         for i, rnn in enumerate(self.rnns):
             if i > 0:
-                x = map_packed(self.rnn_norms[i - 1], x)
-            x, _ = rnn(x)
-        x, _ = pad_packed_sequence(x, total_length=steps)  # (T', B, H), zeros past each end
+                x = map_valid(self.rnn_norms[i - 1], x, valid)
+            x = run_lstm(rnn, x, lengths)
+        x = x.masked_fill(~valid[..., None], 0.0)  # (T', B, H), zeros past each end
 
         if self.lookahead is not None:
             x = F.hardtanh(self.lookahead(x), 0, 20)
-        x = pack_padded_sequence(x, lengths.cpu(), enforce_sorted=True)
-        x = map_packed(lambda frames: F.log_softmax(self.classifier(self.output_norm(frames)), dim=-1), x)
-        log_probs, _ = pad_packed_sequence(x, total_length=steps)
+        log_probs = map_valid(lambda frames: F.log_softmax(self.classifier(self.output_norm(frames)), dim=-1), x, valid)
         return log_probs.float(), lengths
