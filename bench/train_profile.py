@@ -84,7 +84,7 @@ def main():
     if comm.size != 1:
         raise SystemExit("train_profile.py: one process (the main job's setting); run it without mpiexec -n P > 1")
     print(f"{cpu_model()}; {args.config}, {args.steps} steps of epoch 2 per variant; seconds per step")
-    print(f"| variant | threads | data | compute | rest | step | dev eval s | cache fill s | run min (est.) |")
+    print("| variant | threads | data | compute | rest | step | dev eval s | cache fill s | run min (est.) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, *overrides in args.variant or DEFAULT_VARIANTS:
         r = profile(args.config, overrides, args.steps, comm)
