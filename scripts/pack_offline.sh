@@ -14,7 +14,8 @@
 #   - AN4 as FLAC in datasets/an4/ with manifests/an4_{train,dev,test}.csv pointing at it by relative
 #     path (valid wherever the bundle is unpacked; --max-utterances N keeps the N shortest per split),
 #   - wheels/: what an image with torch, torchaudio, numpy, pandas, tensorboard, PyYAML and matplotlib
-#     lacks (soundfile, cffi, pycparser, Levenshtein, python-Levenshtein, rapidfuzz, mpi4py, mpich),
+#     lacks (soundfile, cffi, pycparser, Levenshtein, python-Levenshtein, rapidfuzz, mpi4py, mpich, and
+#     flashlight-text for evaluate.py's beam decoder),
 #     for CPython X.Y on manylinux x86_64 (glibc >= 2.28), downloaded once into --wheel-cache; mpich's
 #     without the files no bundle job opens (scripts/offline/slim_mpich.py: 12.7 -> 7.3 MiB),
 #   - bootstrap.sh: on the node, `source bootstrap.sh` installs the wheels into .deps/ and sets PATH,
@@ -50,8 +51,9 @@ git rev-parse --is-inside-work-tree >/dev/null 2>&1 || die "$REPO is not a git c
 # Wheels for the node. Versions: requirements.txt's pins where it has one; the others are what
 # scripts/setup.sh installs beside them (tests/test_offline_bundle.py checks both against .venv).
 PINS=()
-for name in soundfile python-Levenshtein mpi4py mpich; do
+for name in soundfile python-Levenshtein mpi4py mpich flashlight-text; do
     pin=$(grep -i -E "^$name==" requirements.txt) || die "requirements.txt does not pin $name"
+    pin=${pin%%[[:space:]#]*}  # less a trailing comment
     PINS+=("$pin")
 done
 PINS+=(cffi==2.1.1 pycparser==3.12 Levenshtein==0.27.5 rapidfuzz==3.14.6)

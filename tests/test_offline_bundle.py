@@ -36,7 +36,8 @@ pytestmark = pytest.mark.tooling
 
 MIB = 2**20
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
-BUNDLED = ["soundfile", "cffi", "pycparser", "Levenshtein", "python-Levenshtein", "rapidfuzz", "mpi4py", "mpich"]
+BUNDLED = ["soundfile", "cffi", "pycparser", "Levenshtein", "python-Levenshtein", "rapidfuzz", "mpi4py", "mpich",
+           "flashlight-text"]
 IMAGE_MODULES = ["torch", "torchaudio", "numpy", "pandas", "tensorboard", "yaml", "matplotlib"]
 SPLITS = {"train": 849, "dev": 99, "test": 130}
 SHOW_ENV = "python3 -c 'import json, os; print(json.dumps(dict(os.environ)))'"  # the environment, as JSON
@@ -118,7 +119,8 @@ def unpacked(bundle_here, image, tmp_path_factory) -> tuple[Path, dict, str]:
 
 def test_image_lacks_the_bundled_packages(image, tmp_path):
     proc = run(["python3", "-c", "import importlib.util as u, sys; print([m for m in sys.argv[1:] if u.find_spec(m)])",
-                *IMAGE_MODULES, "soundfile", "Levenshtein", "mpi4py", "cffi", "sparse_asr"], image, tmp_path)
+                *IMAGE_MODULES, "soundfile", "Levenshtein", "mpi4py", "cffi", "flashlight", "sparse_asr"],
+               image, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == repr(IMAGE_MODULES)
     assert shutil.which("mpiexec", path=image["PATH"]) is None
@@ -193,8 +195,8 @@ def test_full_bundle_has_the_tracked_files_and_cp312_wheels(bundle312):
 
 def test_pinned_wheels_are_the_tested_versions(bundle312):
     """The bundle pins requirements.txt's versions, and for the rest what setup.sh installed here."""
-    required = dict(line.split("==") for line in (REPO / "requirements.txt").read_text().splitlines()
-                    if "==" in line and not line.startswith("#"))
+    lines = [line.split("#")[0].strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
+    required = dict(line.split("==") for line in lines if "==" in line)
     for pin in (bundle312 / "wheels" / "requirements.txt").read_text().split():
         name, version = pin.split("==")
         assert metadata.version(name) == version, \
@@ -250,7 +252,8 @@ def test_every_dependency_imports_from_the_bundle(unpacked):
     folder, env, _ = unpacked
     code = ("import json, cffi, pycparser, soundfile, Levenshtein, rapidfuzz, sparse_asr, torch\n"
             "from mpi4py import MPI\n"
-            "mods = [cffi, pycparser, soundfile, Levenshtein, rapidfuzz, MPI, sparse_asr, torch]\n"
+            "from flashlight.lib.text import decoder\n"  # torchaudio's ctc_decoder (the beam) loads it
+            "mods = [cffi, pycparser, soundfile, Levenshtein, rapidfuzz, MPI, decoder, sparse_asr, torch]\n"
             "maps = sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libmpi' in l})\n"
             "print(json.dumps({'files': {m.__name__: m.__file__ for m in mods}, 'libmpi': maps,"
             " 'distance': Levenshtein.distance('kitten', 'sitting'), 'mpi': MPI.Get_library_version()}))")
