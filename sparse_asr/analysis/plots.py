@@ -122,7 +122,8 @@ def plot_paired(runs: list[Run], out_dir: Path) -> Path:
         if log_y:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a metric no run logged has no curve to name
+            ax.legend(fontsize=8)
     axes[0].set_ylabel("mean over seeds, 95% interval of the mean shaded")
     fig.tight_layout()
     path = out_dir / "paired_curves_vs_step.png"
