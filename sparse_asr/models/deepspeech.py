@@ -94,7 +94,7 @@ def run_lstm(rnn, x, lengths):
     """An LSTM over x (T, B, H), zero past each sample's end -> (T, B, H'), valid where x is. A forward LSTM's
     output at t sees frames <= t only, so the padding after a sample's end changes nothing before it: it runs on
     the padded batch, one fused kernel per layer (oneDNN, cuDNN). PyTorch's packed path loops over time steps on a
-    CPU, and its backward allocates the whole input's gradient at each (a training step 2x slower). The backward
+    CPU, and its backward allocates the whole input's gradient at each (a training step 2.7x slower). The backward
     direction of a bidirectional LSTM must start at each sample's own end: packed."""
     if not rnn.bidirectional:
         return rnn(x)[0]  # past each end: values the caller ignores
