@@ -297,30 +297,48 @@ def test_the_global_64_config_is_the_benchmark_plus_the_overrides_its_cell_ran_w
         assert others <= identity, (run_config, others - identity)
 
 
-@pytest.mark.unit
-def test_the_verdict_config_spells_out_every_key_and_is_the_kept_p4_cell():
-    """The P = 4 x 4 verdict (docs/results/verdict_p4x4/plan.md) pairs new seeds with the cell's five kept ones: its
-    config must be what they ran, and must name every key, so that a new or changed default cannot reach it."""
+VERDICT_IDENTITY = {"name", "out_dir", "seed", "train.resume", "compression.algorithm", "compression.memory",
+                    "distributed.timeout_s"}  # what may differ between a verdict's runs: none of it numerics
+
+
+def check_verdict_cell(config_path: Path, kept: list[Path]) -> None:
+    """A verdict's config names every key (a new or changed default cannot reach it), its kept runs ran it (but for
+    VERDICT_IDENTITY and an exchange's options), and every start of every arm of a seed was on one CPU type (a pair
+    differs only in its exchange)."""
     from sparse_asr.training.config import flatten, to_dict
 
-    path = REPO / "configs" / "verdict_p4x4.yaml"
-    verdict = load_config(path)
-    written = flatten(yaml.safe_load(path.read_text()))
+    verdict = load_config(config_path)
+    written = flatten(yaml.safe_load(config_path.read_text()))
     assert set(written) == set(flatten(to_dict(verdict))), "a config key is left to its default"
-    identity = {"name", "out_dir", "seed", "train.resume", "compression.algorithm", "compression.memory",
-                "distributed.timeout_s"}
-    kept = sorted((REPO / "docs" / "results" / "cell_p4_cpu" / "runs").glob("*/config.yaml"))
-    kept += sorted((REPO / "docs" / "results" / "verdict_p4x4" / "runs").glob("*/config.yaml"))
-    assert len(kept) >= 15
     cpus_of_seed = {}
     for run_config in kept:
         others = {k for k in differing_keys(load_config(run_config), verdict)
                   if not k.startswith("compression.options")}
-        assert others <= identity, (run_config, others - identity)
-        # a pair differs only in its exchange: every start of every arm of a seed on one CPU type
+        assert others <= VERDICT_IDENTITY, (run_config, others - VERDICT_IDENTITY)
         starts = [json.loads(line) for line in (run_config.parent / "provenance.jsonl").read_text().splitlines()]
         cpus_of_seed.setdefault(load_config(run_config).seed, set()).update(start["cpu"] for start in starts)
     assert {seed: cpus for seed, cpus in cpus_of_seed.items() if len(cpus) > 1} == {}
+
+
+@pytest.mark.unit
+def test_the_verdict_config_spells_out_every_key_and_is_the_kept_p4_cell():
+    """The P = 4 x 4 verdict (docs/results/verdict_p4x4/plan.md) pairs new seeds with the cell's five kept ones: its
+    config must be what they ran."""
+    kept = sorted((REPO / "docs" / "results" / "cell_p4_cpu" / "runs").glob("*/config.yaml"))
+    kept += sorted((REPO / "docs" / "results" / "verdict_p4x4" / "runs").glob("*/config.yaml"))
+    assert len(kept) >= 15
+    check_verdict_cell(REPO / "configs" / "verdict_p4x4.yaml", kept)
+
+
+@pytest.mark.unit
+def test_the_p8x2_verdict_config_is_the_p4x4_one_at_8_ranks():
+    """The P = 8 x 2 verdict (docs/results/verdict_p8x2/plan.md) asks the P = 4 x 4 question at 2 utterances per rank:
+    the same settings but for the ranks (the global batch stays 16)."""
+    p8x2, p4x4 = (load_config(REPO / "configs" / f"verdict_{cell}.yaml") for cell in ("p8x2", "p4x4"))
+    assert differing_keys(p8x2, p4x4) == {"distributed.world_size"}
+    assert (p8x2.distributed.world_size, p8x2.train.global_batch_size) == (8, 16)
+    check_verdict_cell(REPO / "configs" / "verdict_p8x2.yaml",
+                       sorted((REPO / "docs" / "results" / "verdict_p8x2" / "runs").glob("*/config.yaml")))
 
 
 @pytest.mark.unit
