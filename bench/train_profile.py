@@ -15,8 +15,10 @@ evaluation + one test evaluation (about 1.3 dev's: 130 utterances against 99) + 
 and checkpoints are not in it. Compare variants side by side in one run on a quiet machine.
 """
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -70,7 +72,8 @@ def profile(config: str, overrides: list[str], steps: int, comm) -> dict:
     run_s = (cfg.train.epochs * trainer.steps_per_epoch * sum(per_step.values())
              + cfg.train.epochs * dev_s + dev_s * len(data.test) / len(data.dev) + fill)
     return {**per_step, "step": sum(per_step.values()), "dev_eval": dev_s, "fill": fill, "run_min": run_s / 60,
-            "threads": torch.get_num_threads(), "steps_per_epoch": trainer.steps_per_epoch}
+            "threads": torch.get_num_threads(), "steps_per_epoch": trainer.steps_per_epoch,
+            "epochs": cfg.train.epochs, "dev_utterances": len(data.dev), "test_utterances": len(data.test)}
 
 
 def main():
@@ -79,6 +82,7 @@ def main():
     parser.add_argument("--steps", type=int, default=20, help="timed steps per variant (after one discarded)")
     parser.add_argument("--variant", nargs="+", action="append", metavar="NAME [key.sub=value ...]",
                         help="a row: its name, then its overrides (repeat for more rows)")
+    parser.add_argument("--json", type=Path, help="also write every row's unrounded figures here")
     args = parser.parse_args()
     comm = Communicator()
     if comm.size != 1:
@@ -86,10 +90,15 @@ def main():
     print(f"{cpu_model()}; {args.config}, {args.steps} steps of epoch 2 per variant; seconds per step")
     print("| variant | threads | data | compute | rest | step | dev eval s | cache fill s | run min (est.) |")
     print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for name, *overrides in args.variant or DEFAULT_VARIANTS:
         r = profile(args.config, overrides, args.steps, comm)
+        rows.append({"variant": name, "overrides": overrides, **r})
         print(f"| {name} | {r['threads']} | {r['data']:.3f} | {r['compute']:.3f} | {r['rest']:.3f} | {r['step']:.3f} "
-              f"| {r['dev_eval']:.1f} | {r['fill']:.1f} | {r['run_min']:.1f} |", flush=True)
+              f"| {r['dev_eval']:.2f} | {r['fill']:.2f} | {r['run_min']:.2f} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"cpu": cpu_model(), "config": args.config, "steps": args.steps, "rows": rows},
+                                        indent=1))
 
 
 if __name__ == "__main__":
