@@ -40,10 +40,12 @@ def profile(config: str, overrides: list[str], steps: int, comm) -> dict:
     process = setup_process(comm, "cpu", cfg.train.threads, cfg.train.precision)
     seed_everything(cfg.seed)
     data, _ = load_data(cfg, comm, process.device)
+    sets = [d for d in (data.train, data.dev, data.test) if d is not None]  # a config may have no test set
+    test_utterances = len(data.test) if data.test is not None else 0
     fill = 0.0
     if cfg.data.cache_features:
         t0 = time.perf_counter()
-        for dataset in (data.train, data.dev, data.test):
+        for dataset in sets:
             for i in range(len(dataset)):
                 dataset[i]
         fill = time.perf_counter() - t0
@@ -70,10 +72,10 @@ def profile(config: str, overrides: list[str], steps: int, comm) -> dict:
     dev_s = time.perf_counter() - t0
     per_step = {k: statistics.mean(v) for k, v in times.items()}
     run_s = (cfg.train.epochs * trainer.steps_per_epoch * sum(per_step.values())
-             + cfg.train.epochs * dev_s + dev_s * len(data.test) / len(data.dev) + fill)
+             + cfg.train.epochs * dev_s + dev_s * test_utterances / len(data.dev) + fill)
     return {**per_step, "step": sum(per_step.values()), "dev_eval": dev_s, "fill": fill, "run_min": run_s / 60,
             "threads": torch.get_num_threads(), "steps_per_epoch": trainer.steps_per_epoch,
-            "epochs": cfg.train.epochs, "dev_utterances": len(data.dev), "test_utterances": len(data.test)}
+            "epochs": cfg.train.epochs, "dev_utterances": len(data.dev), "test_utterances": test_utterances}
 
 
 def main():
