@@ -44,7 +44,6 @@ import io
 import logging
 import os
 import queue
-import statistics
 import subprocess
 import sys
 import threading
@@ -55,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from side_by_side import median_ms, run_side_by_side, slowest
 from sparse_asr.comm import Communicator
 from sparse_asr.compression.oktopk import OkTopk
 from sparse_asr.compression.synthetic import GradientSource
@@ -220,53 +220,39 @@ def main():
     ours = OkTopk(comm, args.n, args.density)
     k = ours.k
     source = GradientSource(args.n, rank, args.seed)
-    floor_d, floor_b = torch.zeros(args.n), torch.ones(args.n)
     names = ("original", "ours")
-    rows = {name: [] for name in names}  # per timed step: (seconds, bytes received, local selected, global selected)
     same = {name: True for name in names}
-    floor_s = []
-    load_before = os.getloadavg()
-    for step in range(args.warmup + args.steps):
-        grad = source.gradient(step)
-        timed = step >= args.warmup
-        comm.barrier()
+
+    # each returns its row: (seconds, bytes received, local selected, global selected)
+    def run_original(flat, timed):
+        recv0, announced0 = original.comm.bytes_recv, original.comm.announced
         t0 = time.perf_counter()
-        floor_d += floor_b
+        update = original.step(flat)
+        seconds = time.perf_counter() - t0
         if timed:
-            floor_s.append(time.perf_counter() - t0)
-        for name in names if step % 2 == 0 else names[::-1]:
-            flat = grad.clone()
-            comm.barrier()
-            if name == "original":
-                recv0, announced0 = original.comm.bytes_recv, original.comm.announced
-                t0 = time.perf_counter()
-                update = original.step(flat)
-                seconds = time.perf_counter() - t0
-                row = (seconds, original.comm.bytes_recv - recv0, original.comm.announced - announced0,
-                       int(torch.count_nonzero(update)))
-            else:
-                with comm.measure() as moved:
-                    t0 = time.perf_counter()
-                    stats = ours.step(flat)
-                    seconds = time.perf_counter() - t0
-                update = flat
-                row = (seconds, moved.bytes_recv, stats.selected_local, stats.selected_global)
-            if timed:
-                rows[name].append(row)
-                same[name] &= same_everywhere(comm, update)
-    load_after = os.getloadavg()
+            same["original"] &= same_everywhere(comm, update)
+        return (seconds, original.comm.bytes_recv - recv0, original.comm.announced - announced0,
+                int(torch.count_nonzero(update)))
+
+    def run_ours(flat, timed):
+        with comm.measure() as moved:
+            t0 = time.perf_counter()
+            stats = ours.step(flat)
+            seconds = time.perf_counter() - t0
+        if timed:
+            same["ours"] &= same_everywhere(comm, flat)
+        return seconds, moved.bytes_recv, stats.selected_local, stats.selected_global
+
+    run = run_side_by_side(comm, source, args.n, args.warmup, args.steps,
+                           {"original": run_original, "ours": run_ours})
     original.stop()
 
-    floor = torch.tensor(floor_s, dtype=torch.float64)
-    comm.allreduce_(floor, "max")
-    floor_ms = 1e3 * statistics.median(floor.tolist())
+    floor_ms = median_ms(slowest(comm, run.floor_s))
     results = {}
     for name in names:
-        mine = np.array(rows[name], dtype=np.float64)  # steps x 4
-        slowest = torch.from_numpy(mine[:, 0].copy())
-        comm.allreduce_(slowest, "max")
+        mine = np.array(run.rows[name], dtype=np.float64)  # steps x 4
         recv = comm.allgather_object(float(mine[:, 1].mean()))
-        results[name] = {"ms": 1e3 * statistics.median(slowest.tolist()),
+        results[name] = {"ms": median_ms(slowest(comm, mine[:, 0])),
                          "words": float(np.mean(recv)) / WORD, "words_busiest": float(np.max(recv)) / WORD,
                          "local": float(np.mean(comm.allgather_object(float(mine[:, 2].mean())))) / k,
                          "global": float(mine[:, 3].mean()) / k}
@@ -278,8 +264,8 @@ def main():
         f"Ok-Topk exchange, the original (Shigangli/Ok-Topk {git_head(lstm)}, LSTM/allreducer.py) vs ours: "
         f"density {args.density}, k = {k:,}, 1 thread per rank, steps {args.warmup}..{args.warmup + args.steps - 1} "
         f"timed (steps 0..{args.warmup - 1} untimed); ms: median over the timed steps of the slowest rank's; load "
-        f"average (1, 5, 15 min) {' '.join(f'{x:.1f}' for x in load_before)} before, "
-        f"{' '.join(f'{x:.1f}' for x in load_after)} after, on {os.cpu_count()} cores",
+        f"average (1, 5, 15 min) {' '.join(f'{x:.1f}' for x in run.load_before)} before, "
+        f"{' '.join(f'{x:.1f}' for x in run.load_after)} after, on {os.cpu_count()} cores",
         "",
         "| P | n | original ms | ours ms | original / ours | floor ms (`d += b`) | original / floor | ours / floor |",
         "|---|---|---|---|---|---|---|---|",

@@ -25,7 +25,6 @@ import os
 import pstats
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -34,9 +33,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from comm_volume import GradientSource
+from side_by_side import median_ms, run_side_by_side, slowest
 from sparse_asr.comm import Communicator
 from sparse_asr.compression.oktopk import OkTopk
 from sparse_asr.training.launch import setup_process
@@ -127,49 +126,36 @@ def main():
     profiles = {name: cProfile.Profile() if args.profile and rank == 0 else None for name in impls}
     for name, (compressor, _) in impls.items():
         timed_exchange(compressor, exchange_s[name], profiles[name])
-    rows = {name: [] for name in impls}  # per timed step: (exchange s, step s, bytes recv, msgs, global/k)
-    floor_d, floor_b = torch.zeros(args.numel), torch.ones(args.numel)  # the streaming floor: one `d += b`
-    floor_s = []
-    load_before = os.getloadavg()
-    for step in range(args.warmup + args.steps):
-        grad = source.gradient(step)
-        comm.barrier()
-        t0 = time.perf_counter()
-        floor_d += floor_b
-        if step >= args.warmup:
-            floor_s.append(time.perf_counter() - t0)
-        for profile in profiles.values():
-            if profile is not None:
-                profile.active = step >= args.warmup
-        order = list(impls) if step % 2 == 0 else list(reversed(impls))
-        for name in order:
-            compressor, c = impls[name]
-            flat = grad.clone()
-            comm.barrier()
+
+    def exchange_of(name):  # its row per step: (exchange s, step s, bytes recv, msgs, global/k)
+        compressor, c = impls[name]
+
+        def one_step(flat, timed):
+            if profiles[name] is not None:
+                profiles[name].active = timed
             with c.measure() as moved:
                 t0 = time.perf_counter()
                 stats = compressor.step(flat)
                 seconds = time.perf_counter() - t0
-            if step >= args.warmup:
-                rows[name].append((exchange_s[name][-1], seconds, moved.bytes_recv, moved.msgs_sent,
-                                   stats.selected_global / compressor.k))
-    load_after = os.getloadavg()
+            return (exchange_s[name][-1], seconds, moved.bytes_recv, moved.msgs_sent,
+                    stats.selected_global / compressor.k)
+        return one_step
+
+    run = run_side_by_side(comm, source, args.numel, args.warmup, args.steps,
+                           {name: exchange_of(name) for name in impls})
 
     k = new.k
     unit = 2 * k * (P - 1) / P  # words: k pairs reduced to their owners, the lower bound
-    floor_slowest = torch.tensor(floor_s, dtype=torch.float64)
-    comm.allreduce_(floor_slowest, "max")
-    floor_ms = 1e3 * statistics.median(floor_slowest.tolist())
+    floor_ms = median_ms(slowest(comm, run.floor_s))
     results = {}
-    for name, per_step in rows.items():
-        mine = np.array(per_step)  # steps x 5
-        slowest = mine[:, :2].copy()
-        comm.allreduce_(torch.from_numpy(slowest), "max")
+    for name in impls:
+        mine = np.array(run.rows[name])  # steps x 5
+        worst = slowest(comm, mine[:, :2])
         recv = comm.allgather_object(float(mine[:, 2].mean()))
         msgs = comm.allgather_object(float(mine[:, 3].mean()))
         results[name] = {
-            "exchange_ms_median": 1e3 * statistics.median(slowest[:, 0]),
-            "step_ms_median": 1e3 * statistics.median(slowest[:, 1]),
+            "exchange_ms_median": median_ms(worst[:, 0]),
+            "step_ms_median": median_ms(worst[:, 1]),
             "words_recv_mean": float(np.mean(recv)) / WORD,
             "words_recv_busiest": float(np.max(recv)) / WORD,
             "messages_mean": float(np.mean(msgs)),
@@ -183,8 +169,8 @@ def main():
         f"1 thread per rank, steps {args.warmup}..{args.warmup + args.steps - 1} timed (both run every step, "
         f"alternating which goes first); times are medians of the slowest rank's; the floor, one `d += b` over n "
         f"timed in the same steps: {floor_ms:.1f} ms; load average (1, 5, 15 min) "
-        f"{load_before[0]:.1f} {load_before[1]:.1f} {load_before[2]:.1f} before, "
-        f"{load_after[0]:.1f} {load_after[1]:.1f} {load_after[2]:.1f} after, on {os.cpu_count()} cores",
+        f"{run.load_before[0]:.1f} {run.load_before[1]:.1f} {run.load_before[2]:.1f} before, "
+        f"{run.load_after[0]:.1f} {run.load_after[1]:.1f} {run.load_after[2]:.1f} after, on {os.cpu_count()} cores",
         "",
         "| impl | words received/step, mean [busiest] | mean / 2k(P-1)/P | global selected / k | messages/step "
         "| median ms per exchange | median ms per step | step / floor |",
@@ -211,7 +197,7 @@ def main():
         args.out.with_suffix(".md").write_text(text + "\n")
         config = {"P": P, "numel": args.numel, "density": args.density, "k": k, "steps": args.steps,
                   "warmup": args.warmup, "seed": args.seed, "baseline": commit, "floor_ms_median": floor_ms,
-                  "loadavg_before": load_before, "loadavg_after": load_after}
+                  "loadavg_before": run.load_before, "loadavg_after": run.load_after}
         args.out.with_suffix(".json").write_text(json.dumps({"config": config, "results": results}, indent=1))
 
 
