@@ -55,6 +55,7 @@ def test_every_script_and_bench_sets_its_process_up_through_setup_process():
         assert "set_num_threads(" not in text and "set_num_interop_threads(" not in text, \
             f"{path.name} sets torch's threads itself: use launch.setup_process"
     torch_users = [p.name for p in (REPO / "bench").glob("*.py") if "import torch" in p.read_text()
+                   and '__name__ == "__main__"' in p.read_text()  # a bench run as a program, not a module of one
                    and p.name != "gpu_report.py"]  # gpu_report only reads what the device is
     assert all("setup_process(" in (REPO / "bench" / name).read_text() or name in ("project_scaling.py",)
                for name in torch_users), \
