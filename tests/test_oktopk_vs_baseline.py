@@ -2,6 +2,7 @@
 must move the same words and select the same count each step, which holds only if both get the same gradients."""
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -9,9 +10,11 @@ from tests.mpi_helpers import check_mpi
 
 pytestmark = pytest.mark.tooling  # runs the bench in a subprocess, as a user would
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def tree_is_head() -> bool:
-    return subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "sparse_asr"]).returncode == 0
+    return subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "sparse_asr"], cwd=REPO).returncode == 0
 
 
 @pytest.mark.mpi
