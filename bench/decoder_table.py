@@ -9,26 +9,79 @@ Runs are directories <algorithm>-s<seed> holding emissions_dev.npz and emissions
 settings are tuned on its own dev emissions (decoding/tune.py's grid; never test), the LM is built from
 manifests/an4_train.csv only. The averaged row recomputes the test emissions of the averaged model on this CPU and
 decodes them with the run's dev-tuned LM settings.
+
+With --reuse, a row of the earlier --out file is taken as it is when everything it was computed from is unchanged:
+the run's emission files and checkpoints, the LM, the manifests, the averaging settings, the decoding and model code
+(every .py of sparse_asr/ and this file), torch's version and the CPU. A table that grows run by run then decodes only
+the new runs.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import re
 import sys
 import time
 from pathlib import Path
 
+import torch
+
 from sparse_asr.decoding import BeamDecoder, BeamSettings, GreedyDecoder, decode_each
 from sparse_asr.decoding.lm import lm_dir_for, lm_files
 from sparse_asr.decoding.tune import references, tune
-from sparse_asr.fileio import atomic_write_text
+from sparse_asr.fileio import atomic_write_text, open_regular, read_text
 from sparse_asr.stats import paired_interval
 from sparse_asr.training.emissions import load_emissions
+from sparse_asr.training.runtime import cpu_model
 from sparse_asr.training.scoring import ErrorCounts
 
 COLUMNS = ("greedy", "beam", "beam + lexicon", "beam + lexicon + LM")
 AVERAGED = "averaged + beam + lexicon + LM"
+REPO = Path(__file__).resolve().parent.parent
+TABLE_LIMIT = 64 << 20  # bytes of an earlier --out file read back
+
+
+def file_sha256(path: Path, follow: bool = False) -> str:
+    digest = hashlib.sha256()
+    with open_regular(path, "input", follow=follow) as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def code_sha256() -> str:
+    """Every .py of sparse_asr/ and this file: a change to decoding or to the model voids every reused row."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "sparse_asr").rglob("*.py")) + [Path(__file__).resolve()]:
+        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def inputs_of(run_dir: Path, lm_dir: Path, args, code: str) -> dict:
+    """What a run's row is computed from; equal inputs give the same row."""
+    inputs = {name: file_sha256(run_dir / name) for name in ("emissions_dev.npz", "emissions_test.npz")}
+    inputs["lm"] = {path.name: file_sha256(path) for path in lm_files(lm_dir)}
+    inputs["manifests"] = {m: file_sha256(Path(m), follow=True) for m in (args.dev_manifest, args.test_manifest)}
+    inputs.update(code=code, torch=torch.__version__, cpu=cpu_model())
+    if args.checkpoints:
+        inputs["checkpoints"] = tree_digest(Path(args.checkpoints) / run_dir.name / "checkpoints")
+        inputs["average"] = [args.average, args.average_by]
+    return inputs
+
+
+def tree_digest(root: Path) -> dict:
+    """Every file under root by its digest, every link by its target (`last` names the checkpoint averaged)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):  # links to directories are listed, not entered
+        for name in dirnames + filenames:
+            path = Path(dirpath, name)
+            if path.is_symlink():
+                out[str(path.relative_to(root))] = "-> " + os.readlink(path)
+            elif path.is_file():
+                out[str(path.relative_to(root))] = file_sha256(path)
+    return dict(sorted(out.items()))
 
 
 def wer_of(decoder, log_probs, refs) -> tuple[float, float]:
@@ -135,17 +188,35 @@ def parse_args(argv=None):
     parser.add_argument("--average", type=int, default=2, help="checkpoints to average (default 2)")
     parser.add_argument("--average-by", choices=("dev", "last"), default="last")
     parser.add_argument("--out", help="also write every figure, the tuned settings and the table here (JSON)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take the rows of the earlier --out file whose inputs are unchanged (see above)")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reuse and not args.out:
+        sys.exit("decoder_table: --reuse takes its rows from the --out file: name one")
     lm_dir = lm_dir_for(args.train_manifest, args.order)
     run_dirs = sorted(d for d in Path(args.runs).iterdir() if (d / "emissions_test.npz").is_file()
                       and (d / "emissions_dev.npz").is_file())
     if not run_dirs:
         sys.exit(f"decoder_table: no run under {args.runs} holds emissions_dev.npz and emissions_test.npz")
-    rows = {d.name: run_row(d, lm_dir, args) for d in run_dirs}
+    earlier = {}
+    if args.reuse and Path(args.out).exists():
+        try:
+            earlier = json.loads(read_text(args.out, TABLE_LIMIT, "decoder table", follow=False))["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"decoder_table: --reuse: {args.out} is not an earlier table of this bench ({e})")
+    code = code_sha256()
+    rows = {}
+    for d in run_dirs:
+        inputs = inputs_of(d, lm_dir, args, code)
+        if isinstance(earlier.get(d.name), dict) and earlier[d.name].get("inputs") == inputs:
+            print(f"{d.name}: its inputs are unchanged: row taken from {args.out}", flush=True)
+            rows[d.name] = earlier[d.name]
+        else:
+            rows[d.name] = run_row(d, lm_dir, args) | {"inputs": inputs}
     columns = COLUMNS + ((AVERAGED,) if args.checkpoints else ())
     table = markdown(rows, columns)
     print("\ntest WER (LM: " + json.loads((lm_dir / "lm.json").read_text())["smoothing"] + f", order {args.order}, "

@@ -1,0 +1,63 @@
+"""bench/decoder_table.py on real emissions of kept verdict runs, cut to a few AN4 utterances: the paired figures
+are each seed's relative difference averaged, and --reuse takes exactly the rows whose inputs did not change."""
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.decoder_table import COLUMNS, main
+from sparse_asr.stats import paired_interval
+from sparse_asr.training.emissions import load_emissions, save_emissions
+
+KEPT = Path(__file__).resolve().parent.parent / "docs/results/verdict_p4x4/runs"
+UTTERANCES = 8
+
+
+def cut(source: Path, into: Path, n: int) -> None:
+    ids, log_probs = load_emissions(source)
+    save_emissions(into, ids[:n], log_probs[:n])
+
+
+def test_the_table_pairs_by_seed_and_reuses_only_unchanged_rows(an4_manifests, tmp_path, monkeypatch, capsys):
+    runs = tmp_path / "runs"
+    for name, source in {"dense-s1": "dense-s6", "oktopk-s1": "oktopk-s6",
+                         "dense-s2": "dense-s7", "oktopk-s2": "oktopk-s7"}.items():
+        (runs / name).mkdir(parents=True)
+        for split in ("dev", "test"):
+            cut(KEPT / source / f"emissions_{split}.npz", runs / name / f"emissions_{split}.npz", UTTERANCES)
+    monkeypatch.chdir(tmp_path)  # the LM is built under ./lm
+    out = tmp_path / "table.json"
+    argv = [str(runs), "--train-manifest", str(an4_manifests / "an4_train.csv"),
+            "--dev-manifest", str(an4_manifests / "an4_dev.csv"),
+            "--test-manifest", str(an4_manifests / "an4_test.csv"), "--out", str(out), "--reuse"]
+
+    assert main(argv) == 0
+    first = json.loads(out.read_text())
+    rows = first["rows"]
+    assert sorted(rows) == ["dense-s1", "dense-s2", "oktopk-s1", "oktopk-s2"]
+    assert "taken from" not in capsys.readouterr().out
+    defined = [c for c in COLUMNS if all(rows[f"dense-s{s}"]["wer"][c] > 0 for s in (1, 2))]
+    assert "greedy" in defined  # greedy is exact on stored emissions: these utterances hold errors
+    for column in defined:
+        diffs = [100 * (rows[f"oktopk-s{s}"]["wer"][column] / rows[f"dense-s{s}"]["wer"][column] - 1) for s in (1, 2)]
+        interval = paired_interval(diffs)
+        line = next(line for line in first["table"].splitlines() if line.startswith("| oktopk | 2 |"))
+        assert f"{interval.mean:+.1f}% [{interval.low:+.1f}%, {interval.high:+.1f}%]" in line, (column, line)
+
+    assert main(argv) == 0  # nothing changed: every row is taken as it was
+    assert capsys.readouterr().out.count("its inputs are unchanged") == 4
+    assert json.loads(out.read_text())["rows"] == rows
+
+    cut(KEPT / "oktopk-s7" / "emissions_test.npz", runs / "oktopk-s2" / "emissions_test.npz", UTTERANCES - 3)
+    assert main(argv) == 0  # one run's test emissions changed: that row alone is decoded again
+    printed = capsys.readouterr().out
+    assert printed.count("its inputs are unchanged") == 3 and "oktopk-s2: tuning on" in printed, printed
+    again = json.loads(out.read_text())["rows"]
+    assert again["oktopk-s2"]["utterances"] == UTTERANCES - 3
+    assert {k: v for k, v in again.items() if k != "oktopk-s2"} == {k: v for k, v in rows.items() if k != "oktopk-s2"}
+
+
+@pytest.mark.unit
+def test_reuse_needs_the_table_it_reuses(tmp_path):
+    with pytest.raises(SystemExit, match="--reuse takes its rows from the --out file"):
+        main([str(tmp_path), "--reuse"])
