@@ -1,26 +1,29 @@
 """Does the gap between exchanges survive a better decoder? Test WER of kept runs decoded greedily, by a beam, a beam
-with the training lexicon, and a beam with lexicon + n-gram LM (and, with --checkpoints, the averaged checkpoints
-with lexicon + LM), paired by seed against dense with 95% t intervals (sparse_asr/stats.py).
+with the training lexicon, a beam with lexicon + n-gram LM, and the averaged checkpoints with lexicon + LM, paired by
+seed against dense with 95% t intervals (sparse_asr/stats.py).
 
-    .venv/bin/python bench/decoder_table.py docs/results/verdict_p4x4/runs [--checkpoints /work/verdict_p4x4/runs]
-        [--average 2 --average-by last] [--out docs/results/decoder_table.json]
+    .venv/bin/python bench/decoder_table.py docs/results/verdict_p4x4/runs [--average 2 --average-by last]
+        [--out docs/results/decoder_table.json] [--reuse]
 
 Runs are directories <algorithm>-s<seed> holding emissions_dev.npz and emissions_test.npz. Every run's beam
 settings are tuned on its own dev emissions (decoding/tune.py's grid; never test), the LM is built from
-manifests/an4_train.csv only. The averaged row recomputes the test emissions of the averaged model on this CPU and
-decodes them with the run's dev-tuned LM settings.
+manifests/an4_train.csv only. The averaged column decodes, with the run's dev-tuned LM settings, the test emissions
+of the average of its checkpoints where the run keeps them, written when the run was kept:
+
+    evaluate.py RUN --manifest manifests/an4_test.csv --average 2 --average-by last \
+        --emissions RUN/emissions_test_avg2_last.npz
+
+Everything is decoded from kept files: the table needs no checkpoint and no model pass.
 
 With --reuse, a row of the earlier --out file is taken as it is when everything it was computed from is unchanged:
-the run's emission files and checkpoints, the LM, the manifests, the averaging settings, the decoding and model code
-(every .py of sparse_asr/ and this file), torch's version and the CPU. A table that grows run by run then decodes only
-the new runs.
+the run's emission files, the LM, the manifests, the decoding code (every .py of sparse_asr/ and this file), torch's
+version and the CPU. A table that grows run by run then decodes only the new runs.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import os
 import re
 import sys
 import time
@@ -59,29 +62,19 @@ def code_sha256() -> str:
     return digest.hexdigest()
 
 
+def averaged_name(args) -> str:
+    """The file of a run's test emissions of its averaged checkpoints (evaluate.py --average N --average-by BY)."""
+    return f"emissions_test_avg{args.average}_{args.average_by}.npz"
+
+
 def inputs_of(run_dir: Path, lm_dir: Path, args, code: str) -> dict:
     """What a run's row is computed from; equal inputs give the same row."""
-    inputs = {name: file_sha256(run_dir / name) for name in ("emissions_dev.npz", "emissions_test.npz")}
+    names = ("emissions_dev.npz", "emissions_test.npz", averaged_name(args))
+    inputs = {name: file_sha256(run_dir / name) for name in names if (run_dir / name).exists()}
     inputs["lm"] = {path.name: file_sha256(path) for path in lm_files(lm_dir)}
     inputs["manifests"] = {m: file_sha256(Path(m), follow=True) for m in (args.dev_manifest, args.test_manifest)}
     inputs.update(code=code, torch=torch.__version__, cpu=cpu_model())
-    if args.checkpoints:
-        inputs["checkpoints"] = tree_digest(Path(args.checkpoints) / run_dir.name / "checkpoints")
-        inputs["average"] = [args.average, args.average_by]
     return inputs
-
-
-def tree_digest(root: Path) -> dict:
-    """Every file under root by its digest, every link by its target (`last` names the checkpoint averaged)."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):  # links to directories are listed, not entered
-        for name in dirnames + filenames:
-            path = Path(dirpath, name)
-            if path.is_symlink():
-                out[str(path.relative_to(root))] = "-> " + os.readlink(path)
-            elif path.is_file():
-                out[str(path.relative_to(root))] = file_sha256(path)
-    return dict(sorted(out.items()))
 
 
 def wer_of(decoder, log_probs, refs) -> tuple[float, float]:
@@ -91,24 +84,6 @@ def wer_of(decoder, log_probs, refs) -> tuple[float, float]:
     for ref, hyp in zip(refs, decode_each(decoder, log_probs)):
         counts.add(ref, hyp)
     return counts.summary()["wer"], time.perf_counter() - t0
-
-
-def averaged_emissions(run_dir: Path, n: int, by: str, manifest: str) -> tuple[list, list[str], list]:
-    """(utterance ids, log-probs) of the averaged model of a run's checkpoints on `manifest`, and what was averaged."""
-    from sparse_asr.comm import Communicator
-    from sparse_asr.data.dataset import SpeechDataset
-    from sparse_asr.models import build_model
-    from sparse_asr.training.averaging import averaged_model
-    from sparse_asr.training.evaluation import evaluate
-    from sparse_asr.training.launch import setup_process
-
-    comm = Communicator()
-    device = setup_process(comm, "cpu").device
-    state, shared, chosen = averaged_model(run_dir, n, by)
-    model = build_model(shared["config"]["model"]["name"])
-    model.load_state_dict(state)
-    result = evaluate(model.to(device), SpeechDataset(manifest), comm, device, keep_emissions=True)
-    return [u for u, _ in result.emissions], [lp for _, lp in result.emissions], chosen
 
 
 def run_row(run_dir: Path, lm_dir: Path, args) -> dict:
@@ -132,13 +107,10 @@ def run_row(run_dir: Path, lm_dir: Path, args) -> dict:
     for column, decoder in decoders.items():
         row["wer"][column], row["seconds"][column] = wer_of(decoder, test_lp, refs)
         row["decoders"][column] = decoder.name
-    if args.checkpoints:
-        ids, log_probs, chosen = averaged_emissions(Path(args.checkpoints) / run_dir.name, args.average,
-                                                    args.average_by, args.test_manifest)
+    if (run_dir / averaged_name(args)).exists():
+        ids, log_probs = load_emissions(run_dir / averaged_name(args))
         row["wer"][AVERAGED], row["seconds"][AVERAGED] = wer_of(decoders["beam + lexicon + LM"], log_probs,
                                                                 references(args.test_manifest, ids))
-        row["averaged"] = [f"{path.name} (dev WER {wer:.4f})" if wer is not None else path.name
-                           for path, wer in chosen]
     print("  " + "  ".join(f"{c} {w:.4f}" for c, w in row["wer"].items()), flush=True)
     return row
 
@@ -166,11 +138,12 @@ def markdown(rows: dict[str, dict], columns) -> str:
                      + " |")
     lines += ["", "| vs dense, paired by seed | seeds | " + " | ".join(columns) + " |",
               "|---" * (len(columns) + 2) + "|"]
-    by_algorithm = {}
+    by_algorithm = {}  # algorithm -> (seeds of its first column, cells); a cell over other seeds names its n
     for algorithm, column, diffs, interval in paired(rows, columns):
         text = f"{interval.mean:+.1f}%" + ("" if interval.low is None else
                                             f" [{interval.low:+.1f}%, {interval.high:+.1f}%]")
-        by_algorithm.setdefault(algorithm, (len(diffs), {}))[1][column] = text
+        n, cells = by_algorithm.setdefault(algorithm, (len(diffs), {}))
+        cells[column] = text + ("" if len(diffs) == n else f" (n = {len(diffs)})")
     for algorithm, (n, cells) in by_algorithm.items():
         lines.append(f"| {algorithm} | {n} | " + " | ".join(cells.get(c, "") for c in columns) + " |")
     return "\n".join(lines)
@@ -183,10 +156,10 @@ def parse_args(argv=None):
     parser.add_argument("--dev-manifest", default="manifests/an4_dev.csv")
     parser.add_argument("--test-manifest", default="manifests/an4_test.csv")
     parser.add_argument("--order", type=int, default=3, help="n-gram order (default 3)")
-    parser.add_argument("--checkpoints", help="a directory of the same runs with their checkpoints/ (read only): "
-                        "adds the averaged row")
-    parser.add_argument("--average", type=int, default=2, help="checkpoints to average (default 2)")
-    parser.add_argument("--average-by", choices=("dev", "last"), default="last")
+    parser.add_argument("--average", type=int, default=2, help="the averaged column's emissions are those of "
+                        "this many checkpoints (default 2) ...")
+    parser.add_argument("--average-by", choices=("dev", "last"), default="last", help="... chosen by this rule "
+                        "(default last): the file emissions_test_avg<N>_<BY>.npz of each run, where it has one")
     parser.add_argument("--out", help="also write every figure, the tuned settings and the table here (JSON)")
     parser.add_argument("--reuse", action="store_true",
                         help="take the rows of the earlier --out file whose inputs are unchanged (see above)")
@@ -217,13 +190,13 @@ def main(argv=None) -> int:
             rows[d.name] = earlier[d.name]
         else:
             rows[d.name] = run_row(d, lm_dir, args) | {"inputs": inputs}
-    columns = COLUMNS + ((AVERAGED,) if args.checkpoints else ())
+    columns = COLUMNS + ((AVERAGED,) if any(AVERAGED in row["wer"] for row in rows.values()) else ())
     table = markdown(rows, columns)
     print("\ntest WER (LM: " + json.loads((lm_dir / "lm.json").read_text())["smoothing"] + f", order {args.order}, "
           f"{args.train_manifest} only; beam settings tuned on each run's dev emissions)\n")
     print(table)
-    seconds = {c: sum(r["seconds"][c] for r in rows.values()) / sum(r["utterances"] for r in rows.values())
-               for c in columns}
+    seconds = {c: sum(r["seconds"][c] for r in rows.values() if c in r["seconds"])
+               / sum(r["utterances"] for r in rows.values() if c in r["seconds"]) for c in columns}
     print("\ndecoding time per test utterance: " + ", ".join(f"{c} {1000 * s:.1f} ms" for c, s in seconds.items()))
     if args.out:
         atomic_write_text(args.out, json.dumps({"rows": rows, "table": table, "ms_per_utterance": {

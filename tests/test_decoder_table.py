@@ -1,13 +1,18 @@
 """bench/decoder_table.py on real emissions of kept verdict runs, cut to a few AN4 utterances: the paired figures
-are each seed's relative difference averaged, and --reuse takes exactly the rows whose inputs did not change."""
+are each seed's relative difference averaged, the averaged column decodes the run's averaged-model file with the
+run's own LM settings, and --reuse takes exactly the rows whose inputs did not change."""
 import json
 from pathlib import Path
 
 import pytest
 
-from bench.decoder_table import COLUMNS, main
+from bench.decoder_table import AVERAGED, COLUMNS, main
+from sparse_asr.decoding import BeamDecoder, BeamSettings, decode_each
+from sparse_asr.decoding.lm import lm_dir_for, lm_files
+from sparse_asr.decoding.tune import references
 from sparse_asr.stats import paired_interval
 from sparse_asr.training.emissions import load_emissions, save_emissions
+from sparse_asr.training.scoring import ErrorCounts
 
 KEPT = Path(__file__).resolve().parent.parent / "docs/results/verdict_p4x4/runs"
 UTTERANCES = 8
@@ -20,11 +25,15 @@ def cut(source: Path, into: Path, n: int) -> None:
 
 def test_the_table_pairs_by_seed_and_reuses_only_unchanged_rows(an4_manifests, tmp_path, monkeypatch, capsys):
     runs = tmp_path / "runs"
-    for name, source in {"dense-s1": "dense-s6", "oktopk-s1": "oktopk-s6",
-                         "dense-s2": "dense-s7", "oktopk-s2": "oktopk-s7"}.items():
+    sources = {"dense-s1": "dense-s6", "oktopk-s1": "oktopk-s6", "dense-s2": "dense-s7", "oktopk-s2": "oktopk-s7"}
+    # an "averaged model" unlike the run's last one: the other arm's test emissions of the same seed
+    averaged_sources = {"dense-s1": "oktopk-s6", "oktopk-s1": "dense-s6", "dense-s2": "oktopk-s7"}
+    for name, source in sources.items():
         (runs / name).mkdir(parents=True)
         for split in ("dev", "test"):
             cut(KEPT / source / f"emissions_{split}.npz", runs / name / f"emissions_{split}.npz", UTTERANCES)
+    for name, source in averaged_sources.items():  # oktopk-s2 keeps none: seed 2 has no averaged pair
+        cut(KEPT / source / "emissions_test.npz", runs / name / "emissions_test_avg2_last.npz", UTTERANCES)
     monkeypatch.chdir(tmp_path)  # the LM is built under ./lm
     out = tmp_path / "table.json"
     argv = [str(runs), "--train-manifest", str(an4_manifests / "an4_train.csv"),
@@ -43,6 +52,21 @@ def test_the_table_pairs_by_seed_and_reuses_only_unchanged_rows(an4_manifests, t
         interval = paired_interval(diffs)
         line = next(line for line in first["table"].splitlines() if line.startswith("| oktopk | 2 |"))
         assert f"{interval.mean:+.1f}% [{interval.low:+.1f}%, {interval.high:+.1f}%]" in line, (column, line)
+
+    lexicon, arpa = lm_files(lm_dir_for(str(an4_manifests / "an4_train.csv"), 3))
+    for name, source in averaged_sources.items():  # decoded from its own file, with the run's dev-tuned LM settings
+        tuned = rows[name]["tuned"]["lm"]
+        decoder = BeamDecoder(BeamSettings(tuned["beam_size"], tuned["lm_weight"], tuned["word_score"]), lexicon, arpa)
+        ids, log_probs = load_emissions(runs / name / "emissions_test_avg2_last.npz")
+        counts = ErrorCounts()
+        for ref, hyp in zip(references(str(an4_manifests / "an4_test.csv"), ids), decode_each(decoder, log_probs)):
+            counts.add(ref, hyp)
+        assert rows[name]["wer"][AVERAGED] == pytest.approx(counts.summary()["wer"]), name
+    assert AVERAGED not in rows["oktopk-s2"]["wer"]
+    assert rows["dense-s1"]["wer"][AVERAGED] != rows["dense-s1"]["wer"]["beam + lexicon + LM"]  # the file matters
+    averaged_pair = 100 * (rows["oktopk-s1"]["wer"][AVERAGED] / rows["dense-s1"]["wer"][AVERAGED] - 1)
+    line = next(line for line in first["table"].splitlines() if line.startswith("| oktopk | 2 |"))
+    assert line.rstrip(" |").endswith(f"{averaged_pair:+.1f}% (n = 1)"), line  # one seed: a mean, no interval
 
     assert main(argv) == 0  # nothing changed: every row is taken as it was
     assert capsys.readouterr().out.count("its inputs are unchanged") == 4
