@@ -96,10 +96,11 @@ def run_row(run_dir: Path, lm_dir: Path, args) -> dict:
     test_ids, test_lp = load_emissions(run_dir / "emissions_test.npz")
     refs = references(args.test_manifest, test_ids)
     lm_settings = BeamSettings(best_lm["beam_size"], best_lm["lm_weight"], best_lm["word_score"])
-    # the lexicon-free beam scores the model alone (no word score)
+    # the lexicon-free beam scores the model alone (no word score); the lexicon alone is decoded as the dev grid
+    # scored its settings (tune.py: the LM at lm_weight 0)
     decoders = {"greedy": GreedyDecoder(), "beam": BeamDecoder(BeamSettings(best_lm["beam_size"], 0.0, 0.0)),
                 "beam + lexicon": BeamDecoder(BeamSettings(best_lex["beam_size"], 0.0, best_lex["word_score"]),
-                                              lexicon),
+                                              lexicon, arpa),
                 "beam + lexicon + LM": BeamDecoder(lm_settings, lexicon, arpa)}
     row = {"run": run_dir.name, "utterances": len(test_ids), "tuned": {"lm": best_lm, "lexicon": best_lex},
            "dev_grid": [[r["beam_size"], r["lm_weight"], r["word_score"], r["wer"]] for r in grid],
