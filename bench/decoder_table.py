@@ -13,7 +13,9 @@ of the average of its checkpoints where the run keeps them, written when the run
     evaluate.py RUN --manifest manifests/an4_test.csv --average 2 --average-by last \
         --emissions RUN/emissions_test_avg2_last.npz
 
-Everything is decoded from kept files: the table needs no checkpoint and no model pass.
+Everything is decoded from kept files: the table needs no checkpoint and no model pass. Every column is decoded
+twice: flashlight's beam orders hypotheses of exactly equal score by memory address, and where the second decode
+gives another WER the table shows both.
 
 With --reuse, a row of the earlier --out file is taken as it is when everything it was computed from is unchanged:
 the run's emission files, the LM, the manifests, the decoding code (every .py of sparse_asr/ and this file), torch's
@@ -105,13 +107,18 @@ def run_row(run_dir: Path, lm_dir: Path, args) -> dict:
     row = {"run": run_dir.name, "utterances": len(test_ids), "tuned": {"lm": best_lm, "lexicon": best_lex},
            "dev_grid": [[r["beam_size"], r["lm_weight"], r["word_score"], r["wer"]] for r in grid],
            "wer": {}, "seconds": {}, "decoders": {}}
-    for column, decoder in decoders.items():
-        row["wer"][column], row["seconds"][column] = wer_of(decoder, test_lp, refs)
-        row["decoders"][column] = decoder.name
+    to_decode = {column: (decoder, test_lp, refs) for column, decoder in decoders.items()}
     if (run_dir / averaged_name(args)).exists():
         ids, log_probs = load_emissions(run_dir / averaged_name(args))
-        row["wer"][AVERAGED], row["seconds"][AVERAGED] = wer_of(decoders["beam + lexicon + LM"], log_probs,
-                                                                references(args.test_manifest, ids))
+        to_decode[AVERAGED] = (decoders["beam + lexicon + LM"], log_probs, references(args.test_manifest, ids))
+    for column, (decoder, log_probs, column_refs) in to_decode.items():
+        row["wer"][column], row["seconds"][column] = wer_of(decoder, log_probs, column_refs)
+        row["decoders"][column] = decoder.name
+        # flashlight's beam orders hypotheses of exactly equal score by memory address: decode twice, say so
+        again, _ = wer_of(decoder, log_probs, column_refs)
+        if again != row["wer"][column]:
+            row.setdefault("second_decode", {})[column] = again
+            print(f"  {column}: a second decode gave WER {again:.4f}, not {row['wer'][column]:.4f}", flush=True)
     print("  " + "  ".join(f"{c} {w:.4f}" for c, w in row["wer"].items()), flush=True)
     return row
 
@@ -132,11 +139,18 @@ def paired(rows: dict[str, dict], columns) -> list[tuple[str, str, list, object]
     return out
 
 
+def cell(row: dict, column: str) -> str:
+    """A run's WER in a column; where a second decode of the same emissions differed, both."""
+    if column not in row["wer"]:
+        return ""
+    again = row.get("second_decode", {}).get(column)
+    return f"{row['wer'][column]:.4f}" + ("" if again is None else f" (again: {again:.4f})")
+
+
 def markdown(rows: dict[str, dict], columns) -> str:
     lines = ["| run | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for name, row in sorted(rows.items()):
-        lines.append(f"| {name} | " + " | ".join(f"{row['wer'][c]:.4f}" if c in row["wer"] else "" for c in columns)
-                     + " |")
+        lines.append(f"| {name} | " + " | ".join(cell(row, c) for c in columns) + " |")
     lines += ["", "| vs dense, paired by seed | seeds | " + " | ".join(columns) + " |",
               "|---" * (len(columns) + 2) + "|"]
     by_algorithm = {}  # algorithm -> (seeds of its first column, cells); a cell over other seeds names its n

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.decoder_table import AVERAGED, COLUMNS, main
+from bench.decoder_table import AVERAGED, COLUMNS, main, markdown
 from sparse_asr.decoding import BeamDecoder, BeamSettings, decode_each
 from sparse_asr.decoding.lm import lm_dir_for, lm_files
 from sparse_asr.decoding.tune import references
@@ -85,3 +85,11 @@ def test_the_table_pairs_by_seed_and_reuses_only_unchanged_rows(an4_manifests, t
 def test_reuse_needs_the_table_it_reuses(tmp_path):
     with pytest.raises(SystemExit, match="--reuse takes its rows from the --out file"):
         main([str(tmp_path), "--reuse"])
+
+
+@pytest.mark.unit
+def test_a_column_whose_second_decode_differs_shows_both():
+    rows = {"dense-s1": {"wer": {"greedy": 0.25, "beam + lexicon": 0.2109},
+                         "second_decode": {"beam + lexicon": 0.2096}}}
+    line = markdown(rows, ("greedy", "beam + lexicon")).splitlines()[2]
+    assert line == "| dense-s1 | 0.2500 | 0.2109 (again: 0.2096) |"
