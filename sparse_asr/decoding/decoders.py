@@ -114,7 +114,10 @@ def kenlm_quiet():
 def break_ties(emission: torch.Tensor) -> None:
     """Add (in place) at most TIE_BREAK nats of noise seeded by the emission's own bytes. flashlight's beam orders
     hypotheses of equal score by chance (the same emission decoded twice could give two texts), and emissions kept
-    as bytes (training/emissions.py: steps of 1/16 nat) tie often; so perturbed, equal inputs decode alike."""
+    as bytes (training/emissions.py: steps of 1/16 nat) tie often; so perturbed, frames no longer tie. Not every
+    choice is then fixed: with the lexicon at lm_weight 0 and beam 16, one utterance of a kept run still decodes to
+    two texts in one process, the same decoder called again (flashlight orders some equal-scored hypotheses by
+    memory address); bench/decoder_table.py decodes twice and shows both."""
     seed = zlib.crc32(emission.numpy().tobytes())
     emission += TIE_BREAK * torch.rand(emission.shape, generator=torch.Generator().manual_seed(seed))
 
