@@ -139,6 +139,12 @@ def paired(rows: dict[str, dict], columns) -> list[tuple[str, str, list, object]
     return out
 
 
+def run_order(name: str) -> tuple:
+    """<algorithm>-s<seed> by algorithm, then seed as a number (dense-s9 before dense-s10)."""
+    m = re.fullmatch(r"(.+)-s(\d+)", name)
+    return (m.group(1), int(m.group(2)), "") if m else (name, -1, name)
+
+
 def cell(row: dict, column: str) -> str:
     """A run's WER in a column; where a second decode of the same emissions differed, both."""
     if column not in row["wer"]:
@@ -149,7 +155,7 @@ def cell(row: dict, column: str) -> str:
 
 def markdown(rows: dict[str, dict], columns) -> str:
     lines = ["| run | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for name, row in sorted(rows.items()):
+    for name, row in sorted(rows.items(), key=lambda item: run_order(item[0])):
         lines.append(f"| {name} | " + " | ".join(cell(row, c) for c in columns) + " |")
     lines += ["", "| vs dense, paired by seed | seeds | " + " | ".join(columns) + " |",
               "|---" * (len(columns) + 2) + "|"]

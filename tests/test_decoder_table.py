@@ -93,3 +93,10 @@ def test_a_column_whose_second_decode_differs_shows_both():
                          "second_decode": {"beam + lexicon": 0.2096}}}
     line = markdown(rows, ("greedy", "beam + lexicon")).splitlines()[2]
     assert line == "| dense-s1 | 0.2500 | 0.2109 (again: 0.2096) |"
+
+
+@pytest.mark.unit
+def test_runs_are_listed_by_algorithm_then_seed_as_a_number():
+    rows = {name: {"wer": {"greedy": 0.25}} for name in ("oktopk-s2", "dense-s10", "dense-s9", "dense-s1")}
+    names = [line.split(" | ")[0][2:] for line in markdown(rows, ("greedy",)).splitlines()[2:6]]
+    assert names == ["dense-s1", "dense-s9", "dense-s10", "oktopk-s2"]
