@@ -33,12 +33,14 @@ from pathlib import Path
 
 import torch
 
+from sparse_asr.comm import Communicator
 from sparse_asr.decoding import BeamDecoder, BeamSettings, GreedyDecoder, decode_each
 from sparse_asr.decoding.lm import lm_dir_for, lm_files
 from sparse_asr.decoding.tune import references, tune
 from sparse_asr.fileio import atomic_write_text, open_regular, read_text
 from sparse_asr.stats import paired_interval
 from sparse_asr.training.emissions import load_emissions
+from sparse_asr.training.launch import setup_process
 from sparse_asr.training.runtime import cpu_model
 from sparse_asr.training.scoring import ErrorCounts
 
@@ -191,6 +193,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.reuse and not args.out:
         sys.exit("decoder_table: --reuse takes its rows from the --out file: name one")
+    setup_process(Communicator(), "cpu", threads=1)  # decoding is one thread's work (break_ties, the beam)
     lm_dir = lm_dir_for(args.train_manifest, args.order)
     run_dirs = sorted(d for d in Path(args.runs).iterdir() if (d / "emissions_test.npz").is_file()
                       and (d / "emissions_dev.npz").is_file())
