@@ -116,7 +116,12 @@ def packed_reference_forward(model, features, lengths):
 @pytest.mark.parametrize("name", ["lstman4_small", "lstman4_small_bi", "lstman4_tiny"])
 def test_training_forward_and_gradient_equal_the_packed_computation(name):
     """In training mode (BatchNorm on the batch's valid frames), with garbage in the padding: the output and
-    every parameter's gradient equal those of the packed reference."""
+    every parameter's gradient equal those of the packed reference.
+
+    The output is compared in float32, the kernels training runs. The gradients are compared in float64: the
+    lookahead's Hardtanh has a kink at 0, a few of its inputs lie within float32 rounding of it, and where the
+    two paths' roundings put one on opposite sides each path takes a different valid subgradient (a 2-5%
+    difference upstream, seen with oneDNN limited to AVX2). In float64 that takes an input within 1e-15 of 0."""
     torch.manual_seed(0)
     model = build_model(name).train()
     randomize_batchnorms(model, seed=1)
@@ -124,20 +129,25 @@ def test_training_forward_and_gradient_equal_the_packed_computation(name):
     features = torch.randn(len(lengths), 1, 161, 90)
     for b, n in enumerate(lengths):
         features[b, :, :, n:] = 100 * torch.randn(1, 161, 90 - int(n))
-    targets = torch.randn(model(features, lengths)[0].shape)  # a loss that weighs every output
+    with torch.no_grad():
+        ours, reference = model(features, lengths)[0], packed_reference_forward(model, features, lengths)
+    assert torch.allclose(ours, reference, atol=1e-5, rtol=1e-5), (ours - reference).abs().max()
+
+    model.double()
+    features = features.double()
+    # A loss that weighs every output, its weights exact in float32: the model returns float32 log-probabilities.
+    targets = torch.randn(ours.shape).double()
     gradients = []
     for forward in (lambda: model(features, lengths)[0], lambda: packed_reference_forward(model, features, lengths)):
         model.zero_grad()
-        out = forward()
-        (out * targets).sum().backward()
-        gradients.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
-    (ours, our_grads), (reference, reference_grads) = gradients
-    assert torch.allclose(ours, reference, atol=1e-5, rtol=1e-5), (ours - reference).abs().max()
+        (forward().double() * targets).sum().backward()
+        gradients.append([p.grad.clone() for p in model.parameters()])
+    our_grads, reference_grads = gradients
     # A bias in front of a training BatchNorm has a true gradient of 0 (its rounding noise is all there is): each
     # tensor is held to the scale of the whole gradient.
     scale = max(float(r.abs().max()) for r in reference_grads)
     for (pname, _), g, r in zip(model.named_parameters(), our_grads, reference_grads):
-        assert float((g - r).abs().max()) <= 1e-5 * scale, (pname, (g - r).abs().max(), scale)
+        assert float((g - r).abs().max()) <= 1e-10 * scale, (pname, (g - r).abs().max(), scale)
 
 
 def test_gradients_accumulate_into_one_flat_buffer():
