@@ -125,10 +125,16 @@ def run_row(run_dir: Path, lm_dir: Path, args) -> dict:
     return row
 
 
+def algorithm_and_seed(name: str) -> tuple[str, int] | None:
+    """A run named <algorithm>-s<seed> (bench/accuracy.sh's names) -> (algorithm, seed); any other name -> None."""
+    m = re.fullmatch(r"(.+)-s(\d+)", name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def paired(rows: dict[str, dict], columns) -> list[tuple[str, str, list, object]]:
     """(algorithm, column, per-seed relative differences in %, interval) against dense-s<seed>."""
     out = []
-    names = {m.groups(): name for name in rows if (m := re.fullmatch(r"(.+)-s(\d+)", name))}
+    names = {key for name in rows if (key := algorithm_and_seed(name))}
     algorithms = sorted({a for a, _ in names} - {"dense"})
     for algorithm in algorithms:
         seeds = sorted(s for a, s in names if a == algorithm and ("dense", s) in names)
@@ -143,8 +149,8 @@ def paired(rows: dict[str, dict], columns) -> list[tuple[str, str, list, object]
 
 def run_order(name: str) -> tuple:
     """<algorithm>-s<seed> by algorithm, then seed as a number (dense-s9 before dense-s10)."""
-    m = re.fullmatch(r"(.+)-s(\d+)", name)
-    return (m.group(1), int(m.group(2)), "") if m else (name, -1, name)
+    key = algorithm_and_seed(name)
+    return (*key, "") if key else (name, -1, name)
 
 
 def cell(row: dict, column: str) -> str:
