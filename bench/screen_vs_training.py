@@ -4,7 +4,8 @@ window screen's figure beside the cell's paired training verdicts.
     .venv/bin/python bench/screen_vs_training.py --screen A.csv [B.csv ...] [--window 50] [--out FILE.md]
 
 Each A.csv holds the per-step figures of `bench/selection_quality.py --seeds ... --out A.md` run at the cells' global
-batches and P (the config each cell trained with). Per cell and exchange: the screen's shortfall, 1 - cos(its
+batches and P (the config each cell trained with), or the per-trajectory means it keeps beside them (A_trajectories.csv,
+what docs/results/verdict_p4x4/screen/ holds). Per cell and exchange: the screen's shortfall, 1 - cos(its
 displacement over W steps, dense momentum SGD's), and its per-step shortfall 1 - cos(step, dense's step), each the
 mean over trajectories with a 95% interval; beside them the training's paired relative differences against dense
 (test WER, last-epoch training loss) from the cell's paired.csv. Then the two orders a predictive screen must get

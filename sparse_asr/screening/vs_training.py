@@ -18,11 +18,14 @@ class Cell:
     P: int
     paired: str  # the cell's paired table, from the repository root
     runs: dict  # the screen's row label -> the paired table's run label
+    across: bool = True  # False: another cell's settings trained again (more seeds); Ok-Topk's order lists it once
 
 
 CELLS = [
     Cell("4 per rank (P = 4, global 16)", 16, 4, "docs/results/cell_p4_cpu/paired.csv",
          {"oktopk": "oktopk", "complete_values": "oktopk-complete_valuestrue"}),
+    Cell("4 per rank (P = 4, global 16), verdict", 16, 4, "docs/results/verdict_p4x4/paired.csv",
+         {"oktopk": "oktopk", "onebit": "onebit"}, across=False),
     Cell("8 per rank (P = 2, global 16)", 16, 2, "docs/results/cells_g16_cpu/paired.csv",
          {"oktopk": "oktopk@world_size=2"}),
     Cell("16 per rank (P = 1, global 16)", 16, 1, "docs/results/cell_p1_cpu/paired.csv", {"oktopk": "oktopk"}),
@@ -64,24 +67,28 @@ def report(trajectories: pd.DataFrame, window: int, root: Path) -> str:
             if not shortfall:
                 continue
             wer, loss = trained(cell, run, "test_wer", root), trained(cell, run, "last_epoch_loss", root)
-            by_cell.setdefault(cell.name, {})[label] = (shortfall, loss)
+            by_cell.setdefault(cell.name, {})[label] = (shortfall, wer, loss)
             lines.append(f"| {cell.name} | {label} | {len(shortfall)} | "
                          f"{interval_text(list(shortfall.values()), 4)} | "
                          f"{interval_text(list(step.values()), 4)} | {pct(*wer[:3])} ({wer[3]}) | "
                          f"{pct(*loss[:3])} ({loss[3]}) |")
-    lines += ["", "Within a cell (complete_values against Ok-Topk): the screen's paired difference of shortfalls over "
-              "trajectories, and the training's difference of mean loss gaps (negative: complete_values closer "
-              "to dense):",
+    lines += ["", "Within a cell, each exchange against Ok-Topk: the screen's paired difference of shortfalls over "
+              "trajectories, and the training's differences of mean gaps to dense (negative: the exchange closer "
+              "to dense than Ok-Topk):",
               ""]
     for name, rows in by_cell.items():
-        if {"oktopk", "complete_values"} <= set(rows):
-            ok, cv = rows["oktopk"], rows["complete_values"]
-            seeds = sorted(set(ok[0]) & set(cv[0]))
-            screen = interval_text([cv[0][s] - ok[0][s] for s in seeds], 4)
-            lines.append(f"- {name}: screen {screen}; training loss {cv[1][0] - ok[1][0]:+.1f} points")
-    ok_cells = [(name, rows["oktopk"]) for name, rows in by_cell.items() if "oktopk" in rows]
-    by_screen = [name for name, (s, _) in sorted(ok_cells, key=lambda c: -sum(c[1][0].values()) / len(c[1][0]))]
-    by_loss = [name for name, (_, loss) in sorted(ok_cells, key=lambda c: -c[1][1][0])]
+        ok = rows.get("oktopk")
+        for label, (shortfall, wer, loss) in rows.items():
+            if ok is None or label == "oktopk":
+                continue
+            seeds = sorted(set(ok[0]) & set(shortfall))
+            screen = interval_text([shortfall[s] - ok[0][s] for s in seeds], 4)
+            lines.append(f"- {name}, {label}: screen {screen}; training loss {loss[0] - ok[2][0]:+.1f} points, "
+                         f"test WER {wer[0] - ok[1][0]:+.1f} points")
+    across = {cell.name for cell in CELLS if cell.across}
+    ok_cells = [(name, rows["oktopk"]) for name, rows in by_cell.items() if "oktopk" in rows and name in across]
+    by_screen = [name for name, _ in sorted(ok_cells, key=lambda c: -sum(c[1][0].values()) / len(c[1][0]))]
+    by_loss = [name for name, _ in sorted(ok_cells, key=lambda c: -c[1][2][0])]
     lines += ["", "Ok-Topk across cells, farthest from dense first:", "",
               f"- by the screen: {'; '.join(by_screen)}", f"- by the training loss: {'; '.join(by_loss)}"]
     return "\n".join(lines)
