@@ -39,9 +39,9 @@ def test_the_report_joins_each_cells_screen_with_its_paired_training_table(tmp_p
             "-5.2 points, test WER -6.7 points") in text
     verdict = pd.read_csv(REPO / "docs" / "results" / "verdict_p4x4" / "paired.csv").set_index(["run", "metric"])
     gap = {run: verdict.loc[(run, "test_wer"), "mean_rel_pct"] for run in ("oktopk", "onebit")}
-    assert (f"| 4 per rank (P = 4, global 16), verdict | onebit | 2 | 0.1000 [-0.1541, 0.3541] | 0.4000 [0.4000, 0.4000] "
-            f"| {gap['onebit']:+.1f}% [") in text
-    assert (f"- 4 per rank (P = 4, global 16), verdict, onebit: screen 0.0100 [-0.1171, 0.1371]; training loss "
+    assert ("| 4 per rank (P = 4, global 16), verdict | onebit | 2 | 0.1000 [-0.1541, 0.3541] "
+            f"| 0.4000 [0.4000, 0.4000] | {gap['onebit']:+.1f}% [") in text
+    assert ("- 4 per rank (P = 4, global 16), verdict, onebit: screen 0.0100 [-0.1171, 0.1371]; training loss "
             in text), text
     assert f"test WER {gap['onebit'] - gap['oktopk']:+.1f} points" in text
     assert "- by the screen: 4 per rank (P = 4, global 16); 8 per rank (P = 2, global 16)\n" in text
