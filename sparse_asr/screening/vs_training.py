@@ -78,8 +78,10 @@ def report(trajectories: pd.DataFrame, window: int, root: Path) -> str:
               ""]
     for name, rows in by_cell.items():
         ok = rows.get("oktopk")
+        if ok is None:
+            continue
         for label, (shortfall, wer, loss) in rows.items():
-            if ok is None or label == "oktopk":
+            if label == "oktopk":
                 continue
             seeds = sorted(set(ok[0]) & set(shortfall))
             screen = interval_text([shortfall[s] - ok[0][s] for s in seeds], 4)
