@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -34,12 +35,29 @@ CELLS = [
 ]
 
 
-def trained(cell: Cell, run: str, metric: str, root: Path) -> tuple[float, float, float, str]:
-    """(mean, low, high) relative difference in % and the verdict of `run` against dense in the cell's paired table
-    (under the repository `root`)."""
+class Gap(NamedTuple):
+    """A run's paired relative difference from dense in %, its 95% interval and its verdict."""
+    mean: float
+    low: float
+    high: float
+    verdict: str
+
+    def text(self) -> str:
+        return f"{self.mean:+.1f}% [{self.low:+.1f}%, {self.high:+.1f}%] ({self.verdict})"
+
+
+class Screened(NamedTuple):
+    """One exchange of a cell: the screen's shortfall per seed beside its training gaps to dense."""
+    shortfall: dict[int, float]
+    test_wer: Gap
+    loss: Gap
+
+
+def trained(cell: Cell, run: str, metric: str, root: Path) -> Gap:
+    """`run`'s gap to dense on `metric` in the cell's paired table (under the repository `root`)."""
     table = pd.read_csv(root / cell.paired)
     row = table[(table["run"] == run) & (table["metric"] == metric)].iloc[0]
-    return float(row["mean_rel_pct"]), float(row["rel_low_pct"]), float(row["rel_high_pct"]), str(row["verdict"])
+    return Gap(float(row["mean_rel_pct"]), float(row["rel_low_pct"]), float(row["rel_high_pct"]), str(row["verdict"]))
 
 
 def screened(trajectories: pd.DataFrame, cell: Cell, label: str, figure: str) -> dict[int, float]:
@@ -47,10 +65,6 @@ def screened(trajectories: pd.DataFrame, cell: Cell, label: str, figure: str) ->
     rows = trajectories[(trajectories["algorithm"] == label) & (trajectories["global_batch"] == cell.global_batch)
                         & (trajectories["P"] == cell.P)]
     return {int(r["seed"]): 1.0 - float(r[figure]) for _, r in rows.iterrows()}
-
-
-def pct(mean: float, low: float, high: float) -> str:
-    return f"{mean:+.1f}% [{low:+.1f}%, {high:+.1f}%]"
 
 
 def report(trajectories: pd.DataFrame, window: int, root: Path) -> str:
@@ -66,12 +80,11 @@ def report(trajectories: pd.DataFrame, window: int, root: Path) -> str:
                                screened(trajectories, cell, label, "cos_step"))
             if not shortfall:
                 continue
-            wer, loss = trained(cell, run, "test_wer", root), trained(cell, run, "last_epoch_loss", root)
-            by_cell.setdefault(cell.name, {})[label] = (shortfall, wer, loss)
+            row = Screened(shortfall, trained(cell, run, "test_wer", root), trained(cell, run, "last_epoch_loss", root))
+            by_cell.setdefault(cell.name, {})[label] = row
             lines.append(f"| {cell.name} | {label} | {len(shortfall)} | "
                          f"{interval_text(list(shortfall.values()), 4)} | "
-                         f"{interval_text(list(step.values()), 4)} | {pct(*wer[:3])} ({wer[3]}) | "
-                         f"{pct(*loss[:3])} ({loss[3]}) |")
+                         f"{interval_text(list(step.values()), 4)} | {row.test_wer.text()} | {row.loss.text()} |")
     lines += ["", "Within a cell, each exchange against Ok-Topk: the screen's paired difference of shortfalls over "
               "trajectories, and the training's differences of mean gaps to dense (negative: the exchange closer "
               "to dense than Ok-Topk):",
@@ -80,17 +93,17 @@ def report(trajectories: pd.DataFrame, window: int, root: Path) -> str:
         ok = rows.get("oktopk")
         if ok is None:
             continue
-        for label, (shortfall, wer, loss) in rows.items():
+        for label, row in rows.items():
             if label == "oktopk":
                 continue
-            seeds = sorted(set(ok[0]) & set(shortfall))
-            screen = interval_text([shortfall[s] - ok[0][s] for s in seeds], 4)
-            lines.append(f"- {name}, {label}: screen {screen}; training loss {loss[0] - ok[2][0]:+.1f} points, "
-                         f"test WER {wer[0] - ok[1][0]:+.1f} points")
+            seeds = sorted(set(ok.shortfall) & set(row.shortfall))
+            screen = interval_text([row.shortfall[s] - ok.shortfall[s] for s in seeds], 4)
+            lines.append(f"- {name}, {label}: screen {screen}; training loss {row.loss.mean - ok.loss.mean:+.1f} "
+                         f"points, test WER {row.test_wer.mean - ok.test_wer.mean:+.1f} points")
     across = {cell.name for cell in CELLS if cell.across}
-    ok_cells = [(name, rows["oktopk"]) for name, rows in by_cell.items() if "oktopk" in rows and name in across]
-    by_screen = [name for name, _ in sorted(ok_cells, key=lambda c: -sum(c[1][0].values()) / len(c[1][0]))]
-    by_loss = [name for name, _ in sorted(ok_cells, key=lambda c: -c[1][2][0])]
+    ok = {name: rows["oktopk"] for name, rows in by_cell.items() if "oktopk" in rows and name in across}
+    by_screen = sorted(ok, key=lambda name: -sum(ok[name].shortfall.values()) / len(ok[name].shortfall))
+    by_loss = sorted(ok, key=lambda name: -ok[name].loss.mean)
     lines += ["", "Ok-Topk across cells, farthest from dense first:", "",
               f"- by the screen: {'; '.join(by_screen)}", f"- by the training loss: {'; '.join(by_loss)}"]
     return "\n".join(lines)
