@@ -101,9 +101,9 @@ def report(trajectories: pd.DataFrame, window: int, root: Path) -> str:
             lines.append(f"- {name}, {label}: screen {screen}; training loss {row.loss.mean - ok.loss.mean:+.1f} "
                          f"points, test WER {row.test_wer.mean - ok.test_wer.mean:+.1f} points")
     across = {cell.name for cell in CELLS if cell.across}
-    ok = {name: rows["oktopk"] for name, rows in by_cell.items() if "oktopk" in rows and name in across}
-    by_screen = sorted(ok, key=lambda name: -sum(ok[name].shortfall.values()) / len(ok[name].shortfall))
-    by_loss = sorted(ok, key=lambda name: -ok[name].loss.mean)
+    oktopk = {name: rows["oktopk"] for name, rows in by_cell.items() if "oktopk" in rows and name in across}
+    by_screen = sorted(oktopk, key=lambda name: -sum(oktopk[name].shortfall.values()) / len(oktopk[name].shortfall))
+    by_loss = sorted(oktopk, key=lambda name: -oktopk[name].loss.mean)
     lines += ["", "Ok-Topk across cells, farthest from dense first:", "",
               f"- by the screen: {'; '.join(by_screen)}", f"- by the training loss: {'; '.join(by_loss)}"]
     return "\n".join(lines)
