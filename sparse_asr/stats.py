@@ -5,6 +5,8 @@ their difference is taken seed by seed (paired) and the interval is that of the 
 differences: mean +- t(0.975, n-1) * sd / sqrt(n), sd with n-1 in the denominator. One seed gives no
 interval. scipy is not a dependency: `t_quantile` inverts the exact closed-form CDF of Student's t for
 integer degrees of freedom (Abramowitz & Stegun 26.7.3 and 26.7.4) by bisection, to about 1e-12.
+Counts (how many seeds of each arm stayed on CTC's plateau) are compared by Fisher's exact test, in exact
+integer arithmetic.
 """
 from __future__ import annotations
 
@@ -103,3 +105,18 @@ def verdict(relative: Interval, margin: float = MARGIN_PCT) -> str:
     if low > -margin and high < margin:
         return f"within ±{m}"
     return "not worse by " + m if high < margin else "not better by " + m
+
+
+def fisher_exact_two_sided(events_a: int, n_a: int, events_b: int, n_b: int) -> float:
+    """Fisher's exact test of two counts (events_a of n_a against events_b of n_b): given the total number of
+    events, the chance under 'one shared rate' of a split at most as likely as the one observed, summed over
+    every split (the two-sided p of R's fisher.test and scipy's fisher_exact). The splits' probabilities are
+    hypergeometric: C(n_a, k) C(n_b, total - k) / C(n_a + n_b, total)."""
+    if not (0 <= events_a <= n_a and 0 <= events_b <= n_b):
+        raise ValueError(f"counts must lie in 0..n: {events_a} of {n_a}, {events_b} of {n_b}")
+    total = events_a + events_b
+    ways = math.comb(n_a + n_b, total)
+    splits = [math.comb(n_a, k) * math.comb(n_b, total - k) for k in range(max(0, total - n_b), min(total, n_a) + 1)]
+    observed = math.comb(n_a, events_a) * math.comb(n_b, events_b)
+    # Exact integers: "at most as likely" needs no float tolerance.
+    return sum(s for s in splits if s <= observed) / ways

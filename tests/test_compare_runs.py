@@ -3,6 +3,7 @@ real tiny training runs (1 and 2 ranks): the table must hold exactly what was lo
 run."""
 import contextlib
 import io
+import itertools
 import json
 import math
 import subprocess
@@ -346,6 +347,37 @@ def test_paired_interval_by_hand():
         stats.paired_interval([])
 
 
+def fisher_by_relabelling(events_a: int, n_a: int, events_b: int, n_b: int) -> float:
+    """Fisher's two-sided p computed another way: every way of choosing which of the n_a + n_b runs carry the
+    events (all equally likely under one shared rate), counted by brute force; p is the share of choices whose
+    split between the two groups is no more frequent than the observed one."""
+    runs = range(n_a + n_b)
+    choices = list(itertools.combinations(runs, events_a + events_b))
+    in_a = [sum(run < n_a for run in chosen) for chosen in choices]
+    frequency = {k: in_a.count(k) for k in set(in_a)}
+    return sum(frequency[k] <= frequency[events_a] for k in in_a) / len(choices)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("counts, published", [
+    ((3, 4, 1, 4), 0.4857143),     # the lady tasting tea: 3 of 4 right against 1 of 4 (Fisher 1935)
+    ((1, 10, 11, 14), 0.0027595),  # [[1, 9], [11, 3]], scipy.stats.fisher_exact's documented example
+    ((2, 20, 0, 20), 0.4871795),   # 2 of 20 seeds left on CTC's plateau against none of 20
+])
+def test_fisher_exact_matches_published_values(counts, published):
+    p = stats.fisher_exact_two_sided(*counts)
+    assert p == pytest.approx(published, abs=5e-7)
+    assert p == pytest.approx(stats.fisher_exact_two_sided(*counts[2:], *counts[:2]))  # symmetric in the two arms
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("counts", [(0, 5, 0, 7), (5, 5, 0, 7), (2, 6, 3, 5), (1, 3, 4, 9), (4, 8, 4, 8)])
+def test_fisher_exact_against_brute_force(counts):
+    assert stats.fisher_exact_two_sided(*counts) == pytest.approx(fisher_by_relabelling(*counts), rel=1e-12)
+    with pytest.raises(ValueError, match="counts must lie in 0..n"):
+        stats.fisher_exact_two_sided(3, 2, 0, 4)
+
+
 @pytest.mark.parametrize("low, high, expected", [
     (-5.0, 5.0, "not resolved"),            # both ends count as inside: holds -5% and +5%
     (-20.0, 30.0, "not resolved"),
@@ -430,6 +462,16 @@ def test_spread_by_hand(seeded_runs, tmp_path):
     assert (rows["stuck"]["undecided_seeds"], rows["dense"]["undecided_seeds"]) == ("3", None)
     assert ("| stuck | 1 2 3 | 1 of 3 (2); undecided: 3 | 10 | 0.6875 | 0.2652 | 0.5 | 0.875 |"
             in (out / "spread.md").read_text())
+    assert "Fisher" not in (out / "spread.md").read_text()  # no baseline named, no test against it
+
+    # Against dense (0 of 3 decided on the plateau): 'stuck' is 1 of its 2 decided runs (seed 3 undecided). With
+    # one run on the plateau among 5, it falls in 'stuck' with probability 2/5 and in dense with 3/5: p = 0.4.
+    proc = compare(*seeded_runs, *stuck, "--out", out, "--spread", "--paired-against", "dense")
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(out / "spread.csv").replace({np.nan: None})
+    p = {r["label"]: r["plateau_fisher_p"] for r in table.to_dict("records")}
+    assert p == {"dense": None, "oktopk": 1.0, "topka": 1.0, "stuck": pytest.approx(0.4)}
+    assert "| 0.6875 | 0.2652 | 0.5 | 0.875 | 0.4 |" in (out / "spread.md").read_text()
 
 
 @pytest.mark.unit

@@ -39,7 +39,9 @@ Writes, under --out:
   spread.csv, spread.md (with --spread)
       per label over its seeds: how many runs never left CTC's blank plateau (dev WER < 0.8; which seeds), the
       median step at which the others left it, and test WER's mean, sample standard deviation, min and max
-      (a run still on the plateau without a test WER, e.g. one still training, is undecided, not counted).
+      (a run still on the plateau without a test WER, e.g. one still training, is undecided, not counted);
+      with --paired-against LABEL, Fisher's exact test (two-sided p) of each label's count on the plateau
+      against LABEL's: whether a difference in that risk is shown at all.
 A tag a run never logged leaves its cells empty (and its curve out of the plot), never NaN errors. Runs logged
 before the dev set's rename (val/*) are read as dev/* (sparse_asr/training/runlog.py).
 """
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
     if args.target_run is not None:
         targets = run_targets(runs, args.target_run, args.target_slack)
     paired = paired_comparison(runs, args.paired_against) if args.paired_against is not None else None
-    spread = spread_rows(runs) if args.spread else None
+    spread = spread_rows(runs, args.paired_against) if args.spread else None
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -111,7 +113,7 @@ def main(argv=None) -> int:
                       file=sys.stderr)
     if spread is not None:
         pd.DataFrame(spread).to_csv(out_dir / "spread.csv", index=False)
-        spread_md = spread_markdown(spread)
+        spread_md = spread_markdown(spread, args.paired_against)
         (out_dir / "spread.md").write_text(spread_md)
         written += [out_dir / "spread.csv", out_dir / "spread.md"]
         markdown += "\n" + spread_md

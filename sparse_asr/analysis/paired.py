@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from sparse_asr.analysis.runs import Curve, Run, run_label, run_seed
-from sparse_asr.stats import MARGIN_PCT, paired_interval, verdict
+from sparse_asr.stats import MARGIN_PCT, fisher_exact_two_sided, paired_interval, verdict
 
 # CTC's blank plateau: dev WER stays ~1 (mostly blanks) for a long and variable stretch, and when a run leaves
 # it decides much of where a short CPU run ends (docs/results.md): the step of the first dev WER below this.
@@ -161,11 +161,13 @@ def paired_markdown(rows: list[dict], seeds: list[int], baseline: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def spread_rows(runs: list[Run]) -> list[dict]:
+def spread_rows(runs: list[Run], baseline: str | None = None) -> list[dict]:
     """--spread: per label over its seeds (each seed once), how many runs never left CTC's blank plateau (no dev
     WER < PLATEAU_EXIT_WER; which seeds) and the spread of test WER: mean, sample standard deviation (n-1), min and
     max over the runs that logged one; the median step at which the others left the plateau. A run still on the
-    plateau that logged no test WER has not ended (or had no test set): it is undecided, not counted as stuck."""
+    plateau that logged no test WER has not ended (or had no test set): it is undecided, not counted as stuck.
+    With a baseline label, each other label's count on the plateau is set against the baseline's by Fisher's
+    exact test (two-sided p over the decided runs: is one label's risk of staying there shown to differ?)."""
     rows = []
     for label, group in runs_by_label_and_seed(runs).items():
         exits = {seed: plateau_exit_step(run.curves["dev/wer"])
@@ -181,26 +183,35 @@ def spread_rows(runs: list[Run]) -> list[dict]:
                      "median_exit_step": float(np.median(left)) if left else None, "n_test": len(test),
                      "test_wer_mean": float(np.mean(test)) if test else None,
                      "test_wer_sd": float(np.std(test, ddof=1)) if len(test) > 1 else None,
-                     "test_wer_min": min(test, default=None), "test_wer_max": max(test, default=None)})
+                     "test_wer_min": min(test, default=None), "test_wer_max": max(test, default=None),
+                     "decided": len(stuck) + len(left)})
+    base = next((r for r in rows if r["label"] == baseline), None)
+    for r in rows:
+        compared = base is not None and r is not base and r["decided"] and base["decided"]
+        r["plateau_fisher_p"] = (fisher_exact_two_sided(r["on_plateau"], r["decided"], base["on_plateau"],
+                                                        base["decided"]) if compared else None)
     return rows
 
 
-def spread_markdown(rows: list[dict]) -> str:
+def spread_markdown(rows: list[dict], baseline: str | None = None) -> str:
     def num(x, digits=4) -> str:
         return "" if x is None else f"{x:.{digits}g}"
 
     lines = [f"Per label over its seeds: runs that never left CTC's blank plateau (no dev WER < {PLATEAU_EXIT_WER:g}), "
              "the median step at which the others left it, and test WER's mean, sample standard deviation (n-1), "
-             "min and max. A run still on the plateau with no test WER (not ended) is undecided, not counted.", "",
-             "| label | seeds | on the plateau (seeds) | median exit step | test WER mean | sd | min | max |",
-             "|---|---|---|---|---|---|---|---|"]
+             "min and max. A run still on the plateau with no test WER (not ended) is undecided, not counted."
+             + (f" Fisher p: Fisher's exact test (two-sided) of the label's count on the plateau against {baseline}'s."
+                if baseline else ""), "",
+             "| label | seeds | on the plateau (seeds) | median exit step | test WER mean | sd | min | max |"
+             + (f" plateau vs {baseline}: Fisher p |" if baseline else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if baseline else "")]
     for r in rows:
         stuck = f"{r['on_plateau']} of {r['n']}" + (f" ({r['on_plateau_seeds']})" if r["on_plateau"] else "")
         if r["undecided_seeds"]:
             stuck += f"; undecided: {r['undecided_seeds']}"
         lines.append(f"| {r['label']} | {r['seeds']} | {stuck} | {num(r['median_exit_step'])} | "
                      f"{num(r['test_wer_mean'])} | {num(r['test_wer_sd'])} | {num(r['test_wer_min'])} | "
-                     f"{num(r['test_wer_max'])} |")
+                     f"{num(r['test_wer_max'])} |" + (f" {num(r['plateau_fisher_p'], 2)} |" if baseline else ""))
     return "\n".join(lines) + "\n"
 
 
