@@ -19,13 +19,19 @@ gives another WER the table shows both.
 
 With --reuse, a row of the earlier --out file is taken as it is when everything it was computed from is unchanged:
 the run's emission files, the LM, the manifests, the decoding code (every .py of sparse_asr/ and this file), torch's
-version and the CPU. A table that grows run by run then decodes only the new runs.
+version and the CPU. A table that grows run by run then decodes only the new runs. With --tabulate nothing is
+decoded: the --out file's rows are tabled and summarized as they are.
+
+Below the table, what each decoder changes, counted from the rows (`summary`): the lexicon and the LM against what
+they add to, the averaged checkpoints against the last model, and how far the better decoder moves each
+algorithm's gap to dense, with the seeds where a run never left CTC's plateau (its training log) apart.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import math
 import re
 import sys
 import time
@@ -33,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from sparse_asr.analysis.paired import PLATEAU_EXIT_WER, plateau_exit_step
+from sparse_asr.analysis.runs import load_run
 from sparse_asr.comm import Communicator
 from sparse_asr.decoding import BeamDecoder, BeamSettings, GreedyDecoder, decode_each
 from sparse_asr.decoding.lm import lm_dir_for, lm_files
@@ -41,6 +49,7 @@ from sparse_asr.fileio import atomic_write_text, open_regular, read_text
 from sparse_asr.stats import paired_interval
 from sparse_asr.training.emissions import load_emissions
 from sparse_asr.training.launch import setup_process
+from sparse_asr.training.runlog import metrics_path
 from sparse_asr.training.runtime import cpu_model
 from sparse_asr.training.scoring import ErrorCounts
 
@@ -178,6 +187,73 @@ def markdown(rows: dict[str, dict], columns) -> str:
     return "\n".join(lines)
 
 
+def relative(a: float, b: float) -> float:
+    """a against b in % (against a WER of 0: 0 when a is 0 too, else inf)."""
+    return 100 * (a / b - 1) if b else (0.0 if a == 0 else math.inf)
+
+
+def span(values: list[float], unit: str = "%") -> str:
+    """'lowest to highest (mean)'."""
+    return f"{min(values):+.1f}{unit} to {max(values):+.1f}{unit} (mean {sum(values) / len(values):+.1f}{unit})"
+
+
+def on_plateau(run_dir: Path) -> bool | None:
+    """Whether the run never left CTC's blank plateau (its training log has no dev WER < PLATEAU_EXIT_WER, the
+    rule of compare_runs --spread); None when the directory holds no training log."""
+    if metrics_path(run_dir) is None and not any(run_dir.rglob("events.out.tfevents.*")):
+        return None
+    curves = load_run(run_dir).curves
+    return "dev/wer" in curves and math.isinf(plateau_exit_step(curves["dev/wer"]))
+
+
+def summary(rows: dict[str, dict], plateau: dict[str, bool | None]) -> str:
+    """What each decoder changes, counted from the rows: the lexicon and the lexicon-free beam against greedy,
+    the LM against the lexicon alone, the averaged checkpoints against the last model, and how the better decoder
+    moves each algorithm's gap to dense (points of the paired relative difference, greedy -> beam + lexicon +
+    LM), the seeds where either run never left CTC's plateau apart: no decoder rescues a model that has not
+    learned."""
+    greedy, lexicon, lm = "greedy", "beam + lexicon", "beam + lexicon + LM"
+    wer = {name: row["wer"] for name, row in rows.items()}
+    dense = [name for name in wer if (algorithm_and_seed(name) or ("",))[0] == "dense"]
+    lines = ["What the decoders change (relative to the column named; points: of the paired difference):"]
+    if dense:
+        lines.append(f"- the lexicon, greedy -> beam + lexicon, on dense's {len(dense)} runs: "
+                     + span([relative(wer[n][lexicon], wer[n][greedy]) for n in dense]))
+    beam = [abs(relative(w["beam"], w[greedy])) for w in wer.values()]
+    lines.append(f"- a lexicon-free beam against greedy: at most {max(beam):.1f}% on any of {len(beam)} runs")
+    lower = sorted((n for n, w in wer.items() if w[lm] < w[lexicon]), key=run_order)
+    higher = sorted((n for n, w in wer.items() if w[lm] > w[lexicon]), key=run_order)
+    lines.append(f"- the LM, beam + lexicon -> + LM: lower on {len(lower)} of {len(wer)} runs, higher on "
+                 f"{len(higher)} ({' '.join(higher) or 'none'}), equal on {len(wer) - len(lower) - len(higher)}")
+    averaged = {n: relative(w[AVERAGED], w[lm]) for n, w in wer.items() if AVERAGED in w}
+    if averaged:
+        down = [d for d in averaged.values() if d < 0]
+        up = [d for d in averaged.values() if d > 0]
+        lines.append(f"- the averaged checkpoints against the last model, both beam + lexicon + LM: lower on "
+                     f"{len(down)} of {len(averaged)} runs" + (f" (by up to {-min(down):.1f}%)" if down else "")
+                     + f", higher on {len(up)}" + (f" (by up to {max(up):.1f}%)" if up else ""))
+    unknown = sorted((n for n in wer if plateau.get(n) is None), key=run_order)
+    if unknown:
+        lines.append(f"- no training log, so not known to have left CTC's plateau: {' '.join(unknown)}")
+    names = {key for name in wer if (key := algorithm_and_seed(name))}
+    for algorithm in sorted({a for a, _ in names} - {"dense"}):
+        seeds = sorted(s for a, s in names if a == algorithm and ("dense", s) in names)
+        gaps = {s: [relative(wer[f"{algorithm}-s{s}"][c], wer[f"dense-s{s}"][c]) for c in (greedy, lm)]
+                for s in seeds}
+        stuck = [s for s in seeds if plateau.get(f"{algorithm}-s{s}") or plateau.get(f"dense-s{s}")]
+        learning = [s for s in seeds if s not in stuck]
+        if learning:
+            lines.append(f"- {algorithm} against dense on the {len(learning)} seeds where both left CTC's plateau: "
+                         f"gap {span([gaps[s][0] for s in learning])} greedy, "
+                         f"{span([gaps[s][1] for s in learning])} with beam + lexicon + LM; moved by "
+                         + span([gaps[s][1] - gaps[s][0] for s in learning], "") + " points")
+        if stuck:
+            lines.append(f"- {algorithm} on the seeds where a run stayed on the plateau (dev WER never < "
+                         f"{PLATEAU_EXIT_WER:g}): " + "; ".join(
+                             f"seed {s} {gaps[s][0]:+.1f}% greedy -> {gaps[s][1]:+.1f}% with LM" for s in stuck))
+    return "\n".join(lines)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", help="a directory of kept runs (<algorithm>-s<seed>/emissions_{dev,test}.npz)")
@@ -192,13 +268,17 @@ def parse_args(argv=None):
     parser.add_argument("--out", help="also write every figure, the tuned settings and the table here (JSON)")
     parser.add_argument("--reuse", action="store_true",
                         help="take the rows of the earlier --out file whose inputs are unchanged (see above)")
+    parser.add_argument("--tabulate", action="store_true",
+                        help="decode nothing: table and summarize the rows of the --out file as they are (after a "
+                             "change to this file's tables, which would otherwise void every reused row)")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.reuse and not args.out:
-        sys.exit("decoder_table: --reuse takes its rows from the --out file: name one")
+    for flag in ("reuse", "tabulate"):
+        if getattr(args, flag) and not args.out:
+            sys.exit(f"decoder_table: --{flag} takes its rows from the --out file: name one")
     setup_process(Communicator(), "cpu", threads=1)  # decoding is one thread's work (break_ties, the beam)
     lm_dir = lm_dir_for(args.train_manifest, args.order)
     run_dirs = sorted(d for d in Path(args.runs).iterdir() if (d / "emissions_test.npz").is_file()
@@ -206,30 +286,39 @@ def main(argv=None) -> int:
     if not run_dirs:
         sys.exit(f"decoder_table: no run under {args.runs} holds emissions_dev.npz and emissions_test.npz")
     earlier = {}
-    if args.reuse and Path(args.out).exists():
+    if (args.reuse and Path(args.out).exists()) or args.tabulate:
         try:
             earlier = json.loads(read_text(args.out, TABLE_LIMIT, "decoder table", follow=False))["rows"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            sys.exit(f"decoder_table: --reuse: {args.out} is not an earlier table of this bench ({e})")
-    code = code_sha256()
+            sys.exit(f"decoder_table: {args.out} is not an earlier table of this bench ({e})")
     rows = {}
-    for d in run_dirs:
-        inputs = inputs_of(d, lm_dir, args, code)
-        if isinstance(earlier.get(d.name), dict) and earlier[d.name].get("inputs") == inputs:
-            print(f"{d.name}: its inputs are unchanged: row taken from {args.out}", flush=True)
-            rows[d.name] = earlier[d.name]
-        else:
-            rows[d.name] = run_row(d, lm_dir, args) | {"inputs": inputs}
+    if args.tabulate:
+        missing = [d.name for d in run_dirs if not isinstance(earlier.get(d.name), dict)]
+        if missing:
+            sys.exit(f"decoder_table: --tabulate: {args.out} has no row for {' '.join(missing)}: decode them "
+                     f"first (--reuse, without --tabulate)")
+        rows = {d.name: earlier[d.name] for d in run_dirs}
+    else:
+        code = code_sha256()
+        for d in run_dirs:
+            inputs = inputs_of(d, lm_dir, args, code)
+            if isinstance(earlier.get(d.name), dict) and earlier[d.name].get("inputs") == inputs:
+                print(f"{d.name}: its inputs are unchanged: row taken from {args.out}", flush=True)
+                rows[d.name] = earlier[d.name]
+            else:
+                rows[d.name] = run_row(d, lm_dir, args) | {"inputs": inputs}
     columns = COLUMNS + ((AVERAGED,) if any(AVERAGED in row["wer"] for row in rows.values()) else ())
     table = markdown(rows, columns)
     print("\ntest WER (LM: " + json.loads((lm_dir / "lm.json").read_text())["smoothing"] + f", order {args.order}, "
           f"{args.train_manifest} only; beam settings tuned on each run's dev emissions)\n")
     print(table)
+    text = summary(rows, {d.name: on_plateau(d) for d in run_dirs})
+    print("\n" + text)
     seconds = {c: sum(r["seconds"][c] for r in rows.values() if c in r["seconds"])
                / sum(r["utterances"] for r in rows.values() if c in r["seconds"]) for c in columns}
     print("\ndecoding time per test utterance: " + ", ".join(f"{c} {1000 * s:.1f} ms" for c, s in seconds.items()))
     if args.out:
-        atomic_write_text(args.out, json.dumps({"rows": rows, "table": table, "ms_per_utterance": {
+        atomic_write_text(args.out, json.dumps({"rows": rows, "table": table, "summary": text, "ms_per_utterance": {
             c: round(1000 * s, 2) for c, s in seconds.items()}}, indent=1) + "\n")
     return 0
 
