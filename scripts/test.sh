@@ -8,9 +8,12 @@
 #        oneDNN limited to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2). Each torch kernel family rounds differently, so a
 #        test that holds under one and not another asserts a float that one CPU happens to give. Run it
 #        before every submission; CI runs the suite once.
+# Two pytest-xdist workers share the 2 cores: the mpi tests go to one of them, one launch at a time (their
+# xdist_group, tests/conftest.py), the rest to either. Give -n 0 to run in one process (e.g. with --pdb).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+workers=(-n 2 --dist loadgroup)
 if [[ "${1:-}" == --cpu-matrix ]]; then
     shift
     passes=(ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2)
@@ -22,8 +25,8 @@ if [[ "${1:-}" == --cpu-matrix ]]; then
         echo "== test.sh --cpu-matrix: $pass ($(env "$pass" .venv/bin/python -c \
             'import torch; print("torch dispatch", torch.backends.cpu.get_cpu_capability())'))"
         t0=$SECONDS
-        env "$pass" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" .venv/bin/python -m pytest -m "not tooling" -q "$@" \
-            || failed+=("$pass")
+        env "$pass" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
+            .venv/bin/python -m pytest "${workers[@]}" -m "not tooling" -q "$@" || failed+=("$pass")
         echo "== $pass: $((SECONDS - t0)) s"
     done
     echo "== test.sh --cpu-matrix: ${#passes[@]} passes in $((SECONDS - start)) s;" \
@@ -38,4 +41,4 @@ fi
 # One torch thread per process unless asked otherwise: tests share 2 cores with MPI ranks, and torch's
 # spinning threads slow each other down many times over when oversubscribed.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest "${workers[@]}" "$@"
