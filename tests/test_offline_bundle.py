@@ -273,6 +273,7 @@ def test_every_dependency_imports_from_the_bundle(unpacked):
     assert found["distance"] == 3
 
 
+@pytest.mark.mpi
 def test_mpiexec_runs_two_ranks_from_the_bundle(unpacked):
     folder, env, _ = unpacked
     assert shutil.which("mpiexec", path=env["PATH"]) == str(folder / ".deps" / "bin" / "mpiexec")
@@ -283,6 +284,7 @@ def test_mpiexec_runs_two_ranks_from_the_bundle(unpacked):
     assert sorted(proc.stdout.splitlines()) == ["0 2 3", "1 2 3"]
 
 
+@pytest.mark.mpi
 def test_gpu_suite_dry_run_from_the_bundle(unpacked, tmp_path):
     folder, env, _ = unpacked
     out = tmp_path / "suite"
@@ -317,6 +319,7 @@ def test_gpu_suite_dry_run_from_the_bundle(unpacked, tmp_path):
     assert not list((out / "runs").glob("*/checkpoints")), "checkpoints are removed at the end"
 
 
+@pytest.mark.mpi
 def test_gpu_suite_study_dry_run_from_the_bundle(unpacked, tmp_path):
     """The GPU throughput study, prepared on the CPU: dense alone before and after the fast settings (epochs per
     minute), then four concurrent trainings at one seed (dense and Ok-Topk on 1 rank, Ok-Topk and its complete_values

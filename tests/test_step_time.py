@@ -2,10 +2,13 @@
 allreduce receives exactly the ring volume."""
 import json
 
+import pytest
+
 from sparse_asr.models import build_model
 from tests.mpi_helpers import check_mpi
 
 
+@pytest.mark.mpi
 def test_step_time_two_ranks(an4_manifests, tmp_path):
     out = tmp_path / "step_time.json"
     stdout = check_mpi(2, ["bench/step_time.py", "--model", "lstman4_tiny", "--algorithms", "dense", "oktopk",
