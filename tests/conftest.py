@@ -6,8 +6,9 @@ and the test tiers. Every test is in a tier (pytest -m TIER; an mpiexec test in 
   tooling  drives the project's scripts, entry points and bundles in subprocesses, as a user would
 unit, mpi and tooling are marked by hand (and data where a test reads the corpus without a fixture); data
 follows from the corpus fixtures a test uses, so it cannot drift. A test with no tier fails collection.
-scripts/test.sh runs the suite on two pytest-xdist workers: the mpi tier in one group (one launch at a time, its
-ranks already fill the cores), everything else beside it."""
+scripts/test.sh runs the suite on two pytest-xdist workers, each test where a worker is free (holding the mpi tests
+to one launch at a time made the suite slower, docs/results.md). test_offline_bundle.py is one xdist group, so that
+its module fixtures (a bundle packed and unpacked) are built once, on one worker."""
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,6 @@ def pytest_collection_modifyitems(items):
         reads_an4 = bool(DATA_FIXTURES & set(item.fixturenames))
         if reads_an4 and not item.get_closest_marker("data"):
             item.add_marker("data")
-        if item.get_closest_marker("mpi"):  # under pytest-xdist (test.sh -n 2 --dist loadgroup): one worker runs
-            item.add_marker(pytest.mark.xdist_group("mpi"))  # every mpiexec launch, one at a time, ranks on 2 cores
         if item.get_closest_marker("unit") and (reads_an4 or any(item.get_closest_marker(t) for t in TIERS[1:])):
             misplaced.append(item.nodeid)
         elif not any(item.get_closest_marker(tier) for tier in TIERS):

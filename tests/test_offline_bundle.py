@@ -32,7 +32,7 @@ from sparse_asr.data.manifest import missing_files, read_manifest
 from sparse_asr.training.runtime import precision_problem
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.tooling
+pytestmark = [pytest.mark.tooling, pytest.mark.xdist_group("bundle")]  # its fixtures built once (conftest.py)
 
 MIB = 2**20
 NO_BF16 = "skipped (this CPU has no bfloat16 kernels)"  # bench/gpu_suite.sh's status where bf16 cannot run
