@@ -18,7 +18,6 @@ looks at `nice`: the queue also sets its ranks' autogroup nice, so that it yield
 """
 import argparse
 import json
-import lzma
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
+from sparse_asr.analysis.keep import finished
 from sparse_asr.fileio import RECORD_BYTES, check_directory, open_append, open_regular, read_text
 
 EVALUATIONS = (  # (manifest split, extra evaluate.py arguments, emissions file): the plan's read-outs of a run
@@ -64,12 +64,15 @@ def cpu_type(provenance: Path) -> str | None:
 
 
 def has_test_wer(run: Path) -> bool:
-    """Whether the run logged its test WER (metrics.jsonl, or metrics.jsonl.xz once kept)."""
-    for name, compressed in (("metrics.jsonl", False), ("metrics.jsonl.xz", True)):
-        if (run / name).is_file():
-            with open_regular(run / name, "metrics") as raw, (lzma.open(raw) if compressed else raw) as f:
-                return any(b'"test/wer"' in line for line in f)
-    return False
+    """Whether the run has finished: its metrics.jsonl holds the test row (keep_runs.py's rule)."""
+    metrics = run / "metrics.jsonl"
+    if not os.path.lexists(metrics):  # a run that stopped before its first step
+        return False
+    with open_regular(metrics, "metrics", follow=False) as f:
+        try:
+            return finished(f.read(), metrics)
+        except ValueError as error:
+            raise SystemExit(f"run_plan: error: {error}") from None
 
 
 def failures(path: Path) -> set[str]:
@@ -184,15 +187,15 @@ def run_queue(argv) -> int:
             log(f"seed {seed} waits for {', '.join(sorted(types - {here}))} (its runs' CPU type)")
             continue
         for arm, name in todo:
-            run_dir = out / "runs" / name
+            run_dir, log_path = out / "runs" / name, out / f"{name}.log"
             train = ["bash", "bench/accuracy.sh", "-c", args.config, "-n", str(args.ranks), "--seeds", str(seed),
                      "-a", arm, "-o", str(out)]
             log(f"seed {seed}: {arm}")
             for attempt in (1, 2):  # the plan's rule: resumed once
-                run(train, tree, out / f"{name}.log", args.nice, args.dry_run)
+                run(train, tree, log_path, args.nice, args.dry_run)
                 if args.dry_run or has_test_wer(run_dir):
                     break
-                log(f"{name} ended without a test WER (log: {out / f'{name}.log'})"
+                log(f"{name} ended without a test WER (log: {log_path})"
                     + ("; resuming it once" if attempt == 1 else ""))
             else:
                 with open_append(out / "failures.tsv") as f:
@@ -201,11 +204,11 @@ def run_queue(argv) -> int:
             for split, extra, emissions in EVALUATIONS:
                 command = [python, "evaluate.py", str(run_dir), "--manifest", f"manifests/an4_{split}.csv",
                            "--worst", "0", *extra, "--emissions", str(run_dir / emissions)]
-                if run(command, tree, out / f"{name}.log", args.nice, args.dry_run):
-                    raise SystemExit(f"run_plan: error: evaluate.py failed on {run_dir} (log: {out / f'{name}.log'})")
-            if run([python, "scripts/keep_runs.py", str(run_dir), "--into", str(keep)], tree, out / f"{name}.log",
-                   0, args.dry_run):
-                raise SystemExit(f"run_plan: error: keep_runs.py failed on {run_dir} (log: {out / f'{name}.log'})")
+                if run(command, tree, log_path, args.nice, args.dry_run):
+                    raise SystemExit(f"run_plan: error: evaluate.py failed on {run_dir} (log: {log_path})")
+            keep_run = [python, "scripts/keep_runs.py", str(run_dir), "--into", str(keep)]
+            if run(keep_run, tree, log_path, 0, args.dry_run):
+                raise SystemExit(f"run_plan: error: keep_runs.py failed on {run_dir} (log: {log_path})")
             if not args.dry_run:
                 log(f"kept {name} in {keep}")
     log("queue done")

@@ -49,6 +49,16 @@ def digest(metrics: bytes) -> bytes:
     return "".join(json.dumps({k: float32_digits(k, v) for k, v in row.items()}) + "\n" for row in lines).encode()
 
 
+def finished(metrics: bytes, path: Path) -> bool:
+    """Whether a run's metrics.jsonl (its bytes, read from `path`) holds the test row a finished run ends with.
+    Raises ValueError naming `path` when it is not JSON lines."""
+    try:
+        kinds = {json.loads(line).get("kind") for line in metrics.decode("utf-8").splitlines() if line.strip()}
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not JSON lines: {e}") from None
+    return "test" in kinds
+
+
 def kept_files(run_dir: Path) -> dict[str, bytes] | None:
     """The files to keep for `run_dir` (name -> bytes), or None when the run has not finished (no test row).
     Raises ValueError naming what is missing or wrong."""
@@ -58,11 +68,7 @@ def kept_files(run_dir: Path) -> dict[str, bytes] | None:
         if not os.path.lexists(run_dir / name):  # a symlink counts as there: reading it is refused below
             raise ValueError(f"{run_dir} has no {name}: not a run directory")
     metrics = read_no_follow(run_dir / "metrics.jsonl")
-    try:
-        kinds = {json.loads(line).get("kind") for line in metrics.decode("utf-8").splitlines() if line.strip()}
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'} is not JSON lines: {e}") from None
-    if "test" not in kinds:
+    if not finished(metrics, run_dir / "metrics.jsonl"):
         return None
     files = {"config.yaml": read_no_follow(run_dir / "config.yaml"),
              "metrics.jsonl.xz": lzma.compress(digest(metrics), preset=9 | lzma.PRESET_EXTREME)}
