@@ -49,8 +49,10 @@ def nvidia_smi(out_dir: Path) -> dict:
 
 def environment(out_dir: Path) -> dict:
     import torch
-    from mpi4py import MPI
 
+    from sparse_asr.comm.mpi import load_mpi
+
+    MPI = load_mpi()
     env = {"host": socket.gethostname(), "cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
            "python": platform.python_version(), "torch": torch.__version__, "cuda_build": torch.version.cuda,
            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,

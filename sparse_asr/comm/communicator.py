@@ -18,6 +18,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
+from sparse_asr.comm.mpi import load_mpi
+
 
 @dataclass
 class CommCounts:
@@ -78,12 +80,10 @@ class Communicator:
         self._mpi = None
         self._comm = None
         if mpi_comm is not None:
-            from mpi4py import MPI
-
-            self._mpi, self._comm = MPI, mpi_comm
+            self._mpi, self._comm = load_mpi(), mpi_comm
         else:
             try:
-                from mpi4py import MPI
+                MPI = load_mpi()
             except ImportError:  # one process, no MPI installed: same code path with P = 1
                 MPI = None
             if MPI is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from sparse_asr.comm.mpi import load_mpi
 from sparse_asr.fileio import open_append
 from sparse_asr.training.runtime import cpu_model
 
@@ -40,9 +41,7 @@ def code_version(repo: Path = REPO) -> dict:
 
 def mpi_library() -> str:
     try:
-        from mpi4py import MPI
-
-        return MPI.Get_library_version().splitlines()[0].strip()
+        return load_mpi().Get_library_version().splitlines()[0].strip()
     except Exception:  # noqa: BLE001 -- no MPI: one process
         return "none"
 

@@ -16,6 +16,7 @@ import traceback
 import numpy as np
 import torch
 
+from sparse_asr.comm.mpi import load_mpi
 from sparse_asr.data.audio import AudioError
 from sparse_asr.data.manifest import ManifestError, audio_problem
 from sparse_asr.fileio import UnsafePathError
@@ -82,7 +83,7 @@ def mpi_cuda_support() -> bool | None:
     """Whether the MPI library in this process reads GPU buffers (MPIX_Query_cuda_support: MPICH and Open MPI
     define it; the pip `mpich` wheel answers 0); None when it cannot tell (no MPI, an MPI without the call)."""
     try:
-        from mpi4py import MPI
+        MPI = load_mpi()
     except ImportError:
         return None
     if hasattr(MPI, "Query_cuda_support"):  # mpi4py >= 4.2
@@ -192,8 +193,7 @@ def end_job(comm, timeout_s: float) -> None:
         run_or_abort(comm, comm.barrier)
     finally:
         watchdog.stop()
-    from mpi4py import MPI
-
+    MPI = load_mpi()
     guard = StartupGuard(timeout_s, "MPI_Finalize (every rank leaving the job)")
     if MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()
