@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sparse_asr.analysis.keep import finished
+from sparse_asr.comm.mpi import YIELD_VARIABLE, oversubscribed
 from sparse_asr.fileio import RECORD_BYTES, check_directory, open_append, open_regular, read_text
 
 EVALUATIONS = (  # (manifest split, extra evaluate.py arguments, emissions file): the plan's read-outs of a run
@@ -96,9 +97,14 @@ def this_cpu_type(tree: Path) -> str:
     return proc.stdout.strip()
 
 
-def tree_env(tree: Path) -> dict:
-    """The plan tree's package first (not whatever the editable install points at), one torch thread per rank."""
-    return {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+def tree_env(tree: Path, ranks: int = 1) -> dict:
+    """The plan tree's package first (not whatever the editable install points at), one torch thread per rank, and
+    where the ranks outnumber the cores, waiting ranks that sleep instead of spin (sparse_asr/comm/mpi.py, set here
+    too for plan trees older than it: only how a rank waits changes, bench/same_training.sh gives the same bits)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+    if oversubscribed(ranks):
+        env.setdefault(YIELD_VARIABLE, "1")
+    return env
 
 
 def nice_autogroups(root: int, stop: threading.Event, nice: int) -> None:
@@ -121,13 +127,13 @@ def nice_autogroups(root: int, stop: threading.Event, nice: int) -> None:
                 pass
 
 
-def run(command: list[str], tree: Path, log_path: Path, nice: int, dry_run: bool) -> int:
-    """`command` in the tree, niced, its output appended to log_path; its exit status."""
+def run(command: list[str], tree: Path, env: dict, log_path: Path, nice: int, dry_run: bool) -> int:
+    """`command` in the tree with `env`, niced, its output appended to log_path; its exit status."""
     if dry_run:
         print(" ".join(command))
         return 0
     with open_append(log_path) as out:
-        proc = subprocess.Popen(["nice", "-n", str(nice), *command], cwd=tree, env=tree_env(tree), stdout=out,
+        proc = subprocess.Popen(["nice", "-n", str(nice), *command], cwd=tree, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
         stop = threading.Event()
         watcher = threading.Thread(target=nice_autogroups, args=(proc.pid, stop, nice), daemon=True)
@@ -176,6 +182,7 @@ def run_queue(argv) -> int:
         + (f" (dry run: the commands, each in {tree} with PYTHONPATH={tree}, OMP_NUM_THREADS=1, nice -n {args.nice})"
            if args.dry_run else ""))
     python = str(tree / ".venv/bin/python")
+    env = tree_env(tree, args.ranks)
     failed = failures(out / "failures.tsv")
     for seed in seeds:
         names = [f"{arm}-s{seed}" for arm in arms]
@@ -192,7 +199,7 @@ def run_queue(argv) -> int:
                      "-a", arm, "-o", str(out)]
             log(f"seed {seed}: {arm}")
             for attempt in (1, 2):  # the plan's rule: resumed once
-                run(train, tree, log_path, args.nice, args.dry_run)
+                run(train, tree, env, log_path, args.nice, args.dry_run)
                 if args.dry_run or has_test_wer(run_dir):
                     break
                 log(f"{name} ended without a test WER (log: {log_path})"
@@ -204,10 +211,10 @@ def run_queue(argv) -> int:
             for split, extra, emissions in EVALUATIONS:
                 command = [python, "evaluate.py", str(run_dir), "--manifest", f"manifests/an4_{split}.csv",
                            "--worst", "0", *extra, "--emissions", str(run_dir / emissions)]
-                if run(command, tree, log_path, args.nice, args.dry_run):
+                if run(command, tree, env, log_path, args.nice, args.dry_run):
                     raise SystemExit(f"run_plan: error: evaluate.py failed on {run_dir} (log: {log_path})")
             keep_run = [python, "scripts/keep_runs.py", str(run_dir), "--into", str(keep)]
-            if run(keep_run, tree, log_path, 0, args.dry_run):
+            if run(keep_run, tree, env, log_path, 0, args.dry_run):
                 raise SystemExit(f"run_plan: error: keep_runs.py failed on {run_dir} (log: {log_path})")
             if not args.dry_run:
                 log(f"kept {name} in {keep}")

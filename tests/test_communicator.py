@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from sparse_asr.comm.mpi import YIELD_VARIABLE, oversubscribed
+from sparse_asr.comm.mpi import YIELD_VARIABLE, oversubscribed, ranks_on_this_node
 from tests.mpi_helpers import MPIEXEC, REPO, check_mpi
 
 MODULE = ["-m", "tests.mpi.comm_check"]
@@ -39,10 +39,10 @@ def test_waiting_ranks_sleep_only_where_the_node_has_more_ranks_than_cores(cores
 
 @pytest.mark.unit
 def test_oversubscribed_is_ranks_on_the_node_over_cores():
-    assert oversubscribed({"MPI_LOCALNRANKS": "4"}, cores=2)
-    assert not oversubscribed({"MPI_LOCALNRANKS": "2"}, cores=2)
-    assert not oversubscribed({}, cores=1)  # not started by MPICH's launcher: nothing is known, nothing changed
-    assert not oversubscribed({"MPI_LOCALNRANKS": "many"}, cores=1)
+    assert oversubscribed(ranks_on_this_node({"MPI_LOCALNRANKS": "4"}), cores=2)
+    assert not oversubscribed(ranks_on_this_node({"MPI_LOCALNRANKS": "2"}), cores=2)
+    assert not oversubscribed(ranks_on_this_node({}), cores=1)  # not MPICH's launcher: nothing known, nothing changed
+    assert not oversubscribed(ranks_on_this_node({"MPI_LOCALNRANKS": "many"}), cores=1)
 
 
 @pytest.mark.tooling

@@ -24,6 +24,7 @@ ACCURACY_SH = """#!/bin/bash
 while (($#)); do case "$1" in --seeds) seed=$2; shift 2 ;; -a) arm=$2; shift 2 ;; -o) out=$2; shift 2 ;;
     *) shift ;; esac; done
 echo "train $arm-s$seed" >> "$out/calls.txt"
+echo "${MPIR_CVAR_ENABLE_HEAVY_YIELD:-spin}" > "$out/waiting.txt"
 mkdir -p "$out/runs/$arm-s$seed"
 echo '{"kind": "epoch", "epoch": 1}' >> "$out/runs/$arm-s$seed/metrics.jsonl"
 [[ $arm == stalls ]] || echo '{"kind": "test", "test/wer": 0.5}' >> "$out/runs/$arm-s$seed/metrics.jsonl"
@@ -106,6 +107,15 @@ def test_the_queue_runs_what_is_left_of_each_seed_on_its_cpu_type_keeps_it_and_r
         ["bash", "bench/accuracy.sh", "-o", str(out)]] * 3
     assert [c.split("--seeds ")[1].split(" -o")[0] for c in commands if c.startswith("bash")] == [
         "3 -a other", "4 -a dense", "4 -a other"]
+
+
+@pytest.mark.parametrize("ranks, waiting", [(1, "spin"), (len(os.sched_getaffinity(0)) + 1, "1")])
+def test_ranks_that_outnumber_the_cores_wait_by_sleeping(tree, tmp_path, monkeypatch, ranks, waiting):
+    """A plan tree older than sparse_asr/comm/mpi.py gets MPICH's yield setting from the queue's environment."""
+    monkeypatch.delenv("MPIR_CVAR_ENABLE_HEAVY_YIELD", raising=False)
+    proc = run_plan(tree, tmp_path / "out", tmp_path / "keep", "-a", "dense", "--seeds", "1", "-n", str(ranks))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "out" / "waiting.txt").read_text().strip() == waiting
 
 
 @pytest.mark.parametrize("args, message", [

@@ -22,16 +22,15 @@ def ranks_on_this_node(environ=os.environ) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def oversubscribed(environ=os.environ, cores: int | None = None) -> bool:
-    """More ranks on this node than cores this process may run on (one torch thread per rank or more)."""
-    ranks = ranks_on_this_node(environ)
+def oversubscribed(ranks: int | None, cores: int | None = None) -> bool:
+    """More ranks on this node than cores this process may run on (default: this process's CPU affinity)."""
     cores = len(os.sched_getaffinity(0)) if cores is None else cores
     return ranks is not None and ranks > cores
 
 
 def load_mpi():
     """mpi4py's MPI module, initialized (ImportError without mpi4py)."""
-    if oversubscribed():
+    if oversubscribed(ranks_on_this_node()):
         os.environ.setdefault(YIELD_VARIABLE, "1")
     from mpi4py import MPI
 
