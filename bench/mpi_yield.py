@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from sparse_asr.comm.mpi import YIELD_VARIABLE, load_mpi
+
 REPO = Path(__file__).resolve().parent.parent
 PATTERNS = ("one at a time", "all at once")
 
@@ -30,8 +32,6 @@ def burn(seconds: float) -> None:
 
 
 def worker(seconds: float, rounds: int) -> None:
-    from sparse_asr.comm.mpi import load_mpi
-
     comm = load_mpi().COMM_WORLD
     for pattern in PATTERNS:
         comm.Barrier()
@@ -46,7 +46,7 @@ def worker(seconds: float, rounds: int) -> None:
 
 def measure(ranks: int, heavy_yield: str, seconds: float, rounds: int) -> dict[str, float]:
     mpiexec = Path(sys.executable).parent / "mpiexec"
-    env = dict(os.environ, MPIR_CVAR_ENABLE_HEAVY_YIELD=heavy_yield, OMP_NUM_THREADS="1")
+    env = {**os.environ, YIELD_VARIABLE: heavy_yield, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([str(mpiexec), "-n", str(ranks), sys.executable, __file__, "--worker",
                            "--seconds", str(seconds), "--rounds", str(rounds)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
