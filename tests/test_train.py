@@ -2,6 +2,8 @@
 the flat gradient buffer, non-finite steps, evaluate.py."""
 import copy
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,10 @@ from sparse_asr.data.manifest import read_manifest, write_manifest
 from sparse_asr.models import build_model
 from tests.mpi.train_common import epoch_losses, read_metrics, run_training, step_losses, tiny_overrides
 from sparse_asr.training.config import OptimConfig
-from sparse_asr.training.optim import attach_flat_grad, learning_rate
+from sparse_asr.training.optim import MomentumSGD, attach_flat_grad, learning_rate
 from sparse_asr.training.runtime import precision_problem
 from sparse_asr.training.trainer import Trainer
+from tests.conftest import REPO
 
 TRAIN_TAGS = ["train/loss", "train/lr", "train/grad_norm", "train/samples_per_sec"]
 COMM_TAGS = ["comm/density", "comm/bytes_sent", "comm/bytes_recv", "comm/bytes_recv_max", "comm/cum_bytes_recv",
@@ -121,6 +124,75 @@ def test_the_learning_rate_warms_up_holds_and_anneals():
     assert [learning_rate(plain, 10, epoch) for epoch in range(4)] == pytest.approx([0.1, 0.05, 0.025, 0.0125])
     assert [learning_rate(held, 10, epoch) for epoch in range(5)] == pytest.approx([0.1, 0.1, 0.1, 0.05, 0.025])
     assert learning_rate(held, 1, 0) == pytest.approx(0.05)  # the warm-up is the same with a hold
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("momentum, nesterov, weight_decay", [(0.0, False, 0.0), (0.9, False, 0.0),
+                                                               (0.9, True, 1e-2), (0.5, False, 1e-3)])
+def test_momentum_sgd_steps_and_saves_as_torchs_sgd(momentum, nesterov, weight_decay):
+    """MomentumSGD against torch.optim.SGD from the same start on the same gradients (views into one flat buffer,
+    as the trainer gives them), the learning rate changed between steps: the same parameters and momentum
+    buffers, the gradient left as it was, the same state_dict; and each loads the other's state_dict mid-run and
+    goes on to the same parameters."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(7, 3), (5,), (2, 4, 3)]
+    start = [torch.randn(s, generator=g) for s in shapes]
+    gradients = [torch.randn(sum(math.prod(s) for s in shapes), generator=g) for _ in range(6)]
+    settings = dict(momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+
+    def replica(kind):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        return params, attach_flat_grad(params), kind(params, lr=0.1, **settings)
+
+    def step(params, flat, optimizer, gradient, lr):
+        flat.copy_(gradient)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+        assert torch.equal(flat, gradient)  # the update leaves the exchanged gradient as it was
+
+    ours, theirs = replica(MomentumSGD), replica(torch.optim.SGD)
+    for i, gradient in enumerate(gradients[:4]):
+        for side in (ours, theirs):
+            step(*side, gradient, lr=0.1 / (i + 1))
+        for a, b in zip(ours[0], theirs[0]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    saved, expected = ours[2].state_dict(), theirs[2].state_dict()
+    assert saved["param_groups"] == expected["param_groups"]
+    assert saved["state"].keys() == expected["state"].keys() == (set(range(3)) if momentum else set())
+    for i, state in expected["state"].items():
+        torch.testing.assert_close(saved["state"][i]["momentum_buffer"], state["momentum_buffer"], rtol=1e-6, atol=1e-7)
+
+    resumed = {}
+    for kind, state_dict in ((MomentumSGD, expected), (torch.optim.SGD, saved)):
+        params, flat, optimizer = replica(kind)
+        with torch.no_grad():
+            for p, q in zip(params, ours[0]):
+                p.copy_(q)
+        optimizer.load_state_dict(copy.deepcopy(state_dict))
+        for gradient in gradients[4:]:
+            step(params, flat, optimizer, gradient, lr=0.01)
+        resumed[kind] = params
+    for side in (ours, theirs):
+        for gradient in gradients[4:]:
+            step(*side, gradient, lr=0.01)
+    for a, b, c in zip(resumed[MomentumSGD], resumed[torch.optim.SGD], theirs[0]):
+        torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(b, c, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.tooling
+def test_the_trainers_optimizer_starts_without_torch_dynamo():
+    """bench/startup.py's MomentumSGD row (SGDStep built and stepped in a fresh process) imports no
+    torch._dynamo, the start-up MomentumSGD exists to save; the table has the floor beside it."""
+    proc = subprocess.run([sys.executable, "bench/startup.py", "--repeats", "1", "--rows", "MomentumSGD"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.split("|")[1:-1]]
+                                              for line in proc.stdout.splitlines() if line.startswith("| "))}
+    assert rows.keys() == {"stage", "python", "MomentumSGD"}, proc.stdout
+    assert rows["MomentumSGD"][-1] == "no", proc.stdout
+    assert float(rows["MomentumSGD"][0]) > float(rows["python"][0]), proc.stdout
 
 
 def test_flat_gradient_buffer_matches_ordinary_backward(tiny_manifest):

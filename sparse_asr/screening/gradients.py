@@ -10,7 +10,7 @@ from sparse_asr.data.dataset import BucketingSampler, SpeechDataset, collate
 from sparse_asr.data.manifest import read_manifest
 from sparse_asr.models import build_model
 from sparse_asr.training.loss import batch_loss
-from sparse_asr.training.optim import attach_flat_grad
+from sparse_asr.training.optim import MomentumSGD, attach_flat_grad
 
 
 def load_training_set(cfg) -> SpeechDataset:
@@ -90,7 +90,7 @@ class ShardGradients:
         return out
 
 
-def flat_momentum(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> torch.Tensor:
+def flat_momentum(optimizer: MomentumSGD, params: list[torch.nn.Parameter]) -> torch.Tensor:
     """The optimizer's momentum buffers as one flat vector (zeros before its first step)."""
     parts = []
     for p in params:

@@ -1,10 +1,11 @@
 """SGD with momentum around the gradient exchange, the learning-rate schedule, and clipping.
 
 Usually the exchange averages gradients and the optimizer does the rest: clip the synchronised gradient,
-weight decay and momentum in torch's SGD. When the exchange's memory carries the momentum (DGC's momentum
-correction, compression/memory.py), the optimizer has none, and what it would have added to the gradient
-enters each rank's gradient before the exchange instead (DGC's local gradient clipping, then weight decay), so
-that at density 1 the update is exactly dense momentum SGD's.
+weight decay and momentum in MomentumSGD (torch's SGD update without torch.optim's start-up). When the
+exchange's memory carries the momentum (DGC's momentum correction, compression/memory.py), the optimizer has
+none, and what it would have added to the gradient enters each rank's gradient before the exchange instead
+(DGC's local gradient clipping, then weight decay), so that at density 1 the update is exactly dense momentum
+SGD's.
 
 Schedule (deepspeech.pytorch style, which trains DeepSpeech2 on AN4 stably): linear warm-up over the
 first `lr_warmup_steps` optimizer steps, then lr / lr_anneal**epoch, or with `lr_hold_epochs` = N the full lr
@@ -12,6 +13,8 @@ for N epochs and lr / lr_anneal**(epoch - N) after them. It depends only on (ste
 so a resumed run needs nothing but those two numbers to continue the same curve.
 """
 from __future__ import annotations
+
+from collections import defaultdict
 
 import torch
 
@@ -37,9 +40,9 @@ class SGDStep:
         self.params, self.cfg, self.momentum_in_exchange = params, cfg, momentum_in_exchange
         self.world_size = world_size
         in_optimizer = not momentum_in_exchange
-        self.optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum if in_optimizer else 0.0,
-                                         nesterov=cfg.nesterov and in_optimizer,
-                                         weight_decay=cfg.weight_decay if in_optimizer else 0.0)
+        self.optimizer = MomentumSGD(params, lr=cfg.lr, momentum=cfg.momentum if in_optimizer else 0.0,
+                                     nesterov=cfg.nesterov and in_optimizer,
+                                     weight_decay=cfg.weight_decay if in_optimizer else 0.0)
 
     def before_exchange(self, flat_grad: torch.Tensor) -> None:
         """With the momentum in the exchange: clip this rank's gradient, then add weight decay to it."""
@@ -53,6 +56,66 @@ class SGDStep:
         set_learning_rate(self.optimizer, lr)
         self.optimizer.step()
         return norm
+
+
+class MomentumSGD:
+    """torch.optim.SGD's update (weight decay, momentum, Nesterov; dampening 0), its `state` and `param_groups`,
+    and its state_dict format, so checkpoints interchange with torch's SGD. Ours because constructing any
+    torch.optim optimizer imports torch._dynamo: about 2 s of start-up in every rank of every run (docs/results.md,
+    "How is the test suite run"). The ops are torch's, in its order; tests/test_train.py checks the two agree."""
+
+    def __init__(self, params: list[torch.nn.Parameter], lr: float, momentum: float = 0.0, nesterov: bool = False,
+                 weight_decay: float = 0.0):
+        if lr < 0 or momentum < 0 or weight_decay < 0:
+            raise ValueError(f"SGD needs lr, momentum and weight_decay >= 0, got {lr}, {momentum}, {weight_decay}")
+        if nesterov and momentum <= 0:
+            raise ValueError("Nesterov momentum needs a momentum")
+        self.params = list(params)
+        self.param_groups = [{"lr": lr, "momentum": momentum, "dampening": 0, "weight_decay": weight_decay,
+                              "nesterov": nesterov, "maximize": False, "foreach": None, "differentiable": False,
+                              "fused": None, "params": self.params}]
+        self.state: defaultdict[torch.Tensor, dict] = defaultdict(dict)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        group = self.param_groups[0]
+        params = [p for p in self.params if p.grad is not None]
+        grads = [p.grad for p in params]
+        if group["weight_decay"]:
+            grads = torch._foreach_add(grads, params, alpha=group["weight_decay"])
+        momentum = group["momentum"]
+        if momentum:
+            buffers = [self.state[p].get("momentum_buffer") for p in params]
+            if any(b is None for b in buffers):  # the first step: the buffer is the gradient
+                buffers = [g.detach().clone() if b is None else b.mul_(momentum).add_(g)
+                           for b, g in zip(buffers, grads)]
+                for p, b in zip(params, buffers):
+                    self.state[p]["momentum_buffer"] = b
+            else:
+                torch._foreach_mul_(buffers, momentum)
+                torch._foreach_add_(buffers, grads)
+            grads = torch._foreach_add(grads, buffers, alpha=momentum) if group["nesterov"] else buffers
+        torch._foreach_add_(params, grads, alpha=-group["lr"])
+
+    def state_dict(self) -> dict:
+        """torch.optim.SGD's format: state by parameter index, the group's settings with the indices."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        return {"state": {index[id(p)]: dict(s) for p, s in self.state.items() if s},
+                "param_groups": [{**{k: v for k, v in self.param_groups[0].items() if k != "params"},
+                                  "params": list(range(len(self.params)))}]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """A state_dict of this optimizer or of torch.optim.SGD over the same parameters (its settings included)."""
+        groups = state_dict["param_groups"]
+        if len(groups) != 1 or len(groups[0]["params"]) != len(self.params):
+            raise ValueError(f"the optimizer state has {[len(g['params']) for g in groups]} parameters in its "
+                             f"groups, this model {len(self.params)} in one")
+        self.param_groups[0].update({k: v for k, v in groups[0].items() if k != "params"})
+        self.state = defaultdict(dict)
+        for i, s in state_dict["state"].items():
+            p = self.params[int(i)]
+            self.state[p] = {k: v.to(dtype=p.dtype, device=p.device) if torch.is_tensor(v) else v
+                             for k, v in s.items()}
 
 
 def local_terms_(flat_grad: torch.Tensor, grads: list[torch.Tensor], params: list[torch.Tensor], cfg: OptimConfig,
@@ -72,7 +135,7 @@ def learning_rate(cfg: OptimConfig, step: int, epoch: int) -> float:
     return cfg.lr * warm / cfg.lr_anneal**max(0, epoch - cfg.lr_hold_epochs)
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def set_learning_rate(optimizer: MomentumSGD, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from sparse_asr.training.optim import MomentumSGD
 
 
-def broadcast_state(comm, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def broadcast_state(comm, model: torch.nn.Module, optimizer: MomentumSGD) -> None:
     """Rank 0's model and optimizer state everywhere, so all replicas start identical."""
     for t in model.state_dict().values():
         comm.bcast_(t, root=0)
