@@ -9,15 +9,19 @@ REPO=$(realpath "$(dirname "$0")/..")
 source "$REPO/scripts/lib/args.sh"
 
 # The registry is the one list (compression/__init__.py COMPRESSORS): every algorithm, and those whose volume does not
-# depend on the density (uses_density = False: one run per P, whatever the density).
+# depend on the density (uses_density = False: one run per P, whatever the density). Read once the arguments are
+# known to be well formed, so that a mistyped option is refused without starting Python and torch.
 cd "$REPO"
 source scripts/lib/tools.sh  # PYTHON
-{ read -r ALL_ALGORITHMS; read -r DENSITY_FREE; } < <("$PYTHON" -c "from sparse_asr.compression import COMPRESSORS as C
+read_registry() {
+    { read -r ALL_ALGORITHMS; read -r DENSITY_FREE; } < <("$PYTHON" -c "from sparse_asr.compression import COMPRESSORS as C
 print(' '.join(C)); print(' '.join(name for name, cls in C.items() if not cls.uses_density))") \
-    || die "could not read the algorithms from sparse_asr.compression (is the environment set up?)"
-[[ -n "$ALL_ALGORITHMS" ]] || die "could not read the algorithms from sparse_asr.compression (is the environment set up?)"
+        || die "could not read the algorithms from sparse_asr.compression (is the environment set up?)"
+    [[ -n "$ALL_ALGORITHMS" ]] || die "could not read the algorithms from sparse_asr.compression (is the environment set up?)"
+}
 
 usage() {
+    read_registry
     cat <<EOF
 usage: scripts/sweep.sh -c CONFIG [options] [key=value ...]
   -c, --config FILE        experiment config (required)
@@ -38,7 +42,7 @@ usage: scripts/sweep.sh -c CONFIG [options] [key=value ...]
 EOF
 }
 
-config="" scheduler=local algorithms=$ALL_ALGORITHMS densities="0.01 0.02" ranks="" prefix="" gpus_per_node=4
+config="" scheduler=local algorithms=all densities="0.01 0.02" ranks="" prefix="" gpus_per_node=4
 walltime="" queue="" account="" dry_run=0
 overrides=()
 while (($#)); do
@@ -80,9 +84,6 @@ read -r -a rank_list <<<"$ranks"
 ((${#algorithm_list[@]})) || die "no algorithms given"
 ((${#density_list[@]})) || die "no densities given"
 ((${#rank_list[@]})) || die "no rank counts given"
-for algorithm in "${algorithm_list[@]}"; do
-    [[ " $ALL_ALGORITHMS " == *" $algorithm "* ]] || die "unknown algorithm '$algorithm' (known: $ALL_ALGORITHMS)"
-done
 for density in "${density_list[@]}"; do
     require_density "$density"
 done
@@ -102,6 +103,11 @@ fi
 if [[ "$scheduler" == pbs && -z "$account" ]]; then
     die "--scheduler pbs needs --account (Polaris charges every job to a project)"
 fi
+read_registry
+[[ "$algorithms" != all ]] || read -r -a algorithm_list <<<"$ALL_ALGORITHMS"
+for algorithm in "${algorithm_list[@]}"; do
+    [[ " $ALL_ALGORITHMS " == *" $algorithm "* ]] || die "unknown algorithm '$algorithm' (known: $ALL_ALGORITHMS)"
+done
 
 # The command for one run, into the array `run_command`.
 make_command() {
