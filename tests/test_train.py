@@ -179,6 +179,8 @@ def test_momentum_sgd_steps_and_saves_as_torchs_sgd(momentum, nesterov, weight_d
     for a, b, c in zip(resumed[MomentumSGD], resumed[torch.optim.SGD], theirs[0]):
         torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(b, c, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="dampening 0.5"):  # a setting it would not apply is refused
+        MomentumSGD(ours[0], lr=0.1).load_state_dict(torch.optim.SGD(ours[0], lr=0.1, dampening=0.5).state_dict())
 
 
 @pytest.mark.tooling

@@ -110,6 +110,9 @@ class MomentumSGD:
         if len(groups) != 1 or len(groups[0]["params"]) != len(self.params):
             raise ValueError(f"the optimizer state has {[len(g['params']) for g in groups]} parameters in its "
                              f"groups, this model {len(self.params)} in one")
+        if groups[0].get("dampening", 0) or groups[0].get("maximize", False):
+            raise ValueError(f"the optimizer state asks for dampening {groups[0].get('dampening')} and maximize "
+                             f"{groups[0].get('maximize')}; this SGD has neither")
         self.param_groups[0].update({k: v for k, v in groups[0].items() if k != "params"})
         self.state = defaultdict(dict)
         for i, s in state_dict["state"].items():
