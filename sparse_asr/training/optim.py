@@ -99,8 +99,7 @@ class MomentumSGD:
 
     def state_dict(self) -> dict:
         """torch.optim.SGD's format: state by parameter index, the group's settings with the indices."""
-        index = {id(p): i for i, p in enumerate(self.params)}
-        return {"state": {index[id(p)]: dict(s) for p, s in self.state.items() if s},
+        return {"state": {i: dict(self.state[p]) for i, p in enumerate(self.params) if self.state.get(p)},
                 "param_groups": [{**{k: v for k, v in self.param_groups[0].items() if k != "params"},
                                   "params": list(range(len(self.params)))}]}
 
