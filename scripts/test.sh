@@ -8,8 +8,8 @@
 #        oneDNN limited to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2). Each torch kernel family rounds differently, so a
 #        test that holds under one and not another asserts a float that one CPU happens to give. Run it
 #        before every submission; CI runs the suite once.
-# Two pytest-xdist workers share the 2 cores, each test where a worker is free; a module marked as one
-# xdist_group (the offline bundle's, to build its fixtures once) runs on one worker. Give -n 0 to run in one
+# Two pytest-xdist workers share the 2 cores, each test where a worker is free; the tests of one xdist_group
+# (those sharing an expensive module fixture, to build it once) run on one worker. Give -n 0 to run in one
 # process (e.g. with --pdb).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -7,8 +7,9 @@ and the test tiers. Every test is in a tier (pytest -m TIER; an mpiexec test in 
 unit, mpi and tooling are marked by hand (and data where a test reads the corpus without a fixture); data
 follows from the corpus fixtures a test uses, so it cannot drift. A test with no tier fails collection.
 scripts/test.sh runs the suite on two pytest-xdist workers, each test where a worker is free (holding the mpi tests
-to one launch at a time made the suite slower, docs/results.md). test_offline_bundle.py is one xdist group, so that
-its module fixtures (a bundle packed and unpacked) are built once, on one worker."""
+to one launch at a time made the suite slower, docs/results.md). Each worker builds the module fixtures its tests
+use, so the tests sharing an expensive one are one xdist group, which runs on one worker: test_offline_bundle.py (a
+bundle packed and unpacked), test_accuracy_bench.py's tiny benchmark, test_runtime.py's trained run."""
 from pathlib import Path
 
 import pytest

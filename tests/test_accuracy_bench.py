@@ -44,7 +44,8 @@ def tiny_args(manifests: Path, out: Path) -> list:
 @pytest.fixture(scope="module")
 def tiny_benchmark(an4_manifests, tmp_path_factory) -> Path:
     """One real benchmark over two seeds (dense and topka at seeds 2 and 1: four runs), shared by the tests below
-    (one launch of the four trainings; a test that changes a run works on its own copy)."""
+    (one launch of the four trainings, on one xdist worker: their group; a test that changes a run works on its own
+    copy)."""
     out = tmp_path_factory.mktemp("accuracy") / "acc"
     proc = accuracy_sh(*tiny_args(an4_manifests, out), "--seeds", "2 1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -52,6 +53,7 @@ def tiny_benchmark(an4_manifests, tmp_path_factory) -> Path:
 
 
 @pytest.mark.mpi
+@pytest.mark.xdist_group("tiny_benchmark")
 def test_tiny_benchmark_writes_one_table_of_real_figures(tiny_benchmark, an4_manifests):
     out = tiny_benchmark
     markdown = (out / "accuracy.md").read_text()
@@ -99,6 +101,7 @@ def test_tiny_benchmark_writes_one_table_of_real_figures(tiny_benchmark, an4_man
 
 
 @pytest.mark.mpi
+@pytest.mark.xdist_group("tiny_benchmark")
 def test_tiny_benchmark_over_seeds_pairs_every_algorithm_with_dense(tiny_benchmark, an4_manifests, tmp_path):
     """--seeds: every algorithm at every seed, runs <algorithm>-s<seed>; paired.md compares topka with dense
     seed by seed from the same runs that results.csv tables; each run's target is dense's at its seed."""

@@ -182,6 +182,7 @@ def test_a_rank_stopped_after_the_run_is_done_ends_the_job_instead_of_hanging_at
 
 @pytest.fixture(scope="module")
 def trained_run(an4_manifests, tmp_path_factory):
+    """A 1-epoch run for evaluate.py to score, trained once for the tests below (their xdist group: one worker)."""
     from tests.mpi.train_common import run_training, tiny_overrides
 
     out = tmp_path_factory.mktemp("trained")
@@ -191,6 +192,7 @@ def trained_run(an4_manifests, tmp_path_factory):
 
 
 @pytest.mark.mpi
+@pytest.mark.xdist_group("trained_run")
 @pytest.mark.parametrize("when", ["startup", "scoring"])
 def test_evaluate_under_mpiexec_ends_when_a_rank_stops(trained_run, an4_manifests, when):
     """evaluate.py has training's start-up guard (a rank stopped before MPI_Init) and watchdog (one stopped while
@@ -216,6 +218,7 @@ def doctored_checkpoint(run_dir, out, change):
 
 
 @pytest.mark.mpi
+@pytest.mark.xdist_group("trained_run")
 @pytest.mark.parametrize("change, says", [
     (lambda t: t.to(dtype=__import__("torch").int64), r"is torch\.int64, this run's is torch\.float32"),
     (lambda t: t[:1], r"has shape \(1, .*\), this run's has"),
@@ -231,6 +234,7 @@ def test_evaluate_refuses_a_checkpoint_that_does_not_fit_in_one_line_naming_the_
 
 
 @pytest.mark.mpi
+@pytest.mark.xdist_group("trained_run")
 def test_evaluate_names_a_manifests_row_faults_and_audio_faults_together(trained_run, tiny_manifest, tmp_path):
     df = read_manifest(tiny_manifest)
     rows = [[a, str(d), t, u, s] for a, d, t, u, s in zip(df["audio"], df["duration"], df["transcript"], df["utt_id"],
