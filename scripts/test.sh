@@ -8,6 +8,8 @@
 #        oneDNN limited to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2). Each torch kernel family rounds differently, so a
 #        test that holds under one and not another asserts a float that one CPU happens to give. Run it
 #        before every submission; CI runs the suite once.
+#   bash scripts/test.sh -p bench.suite_time --suite-time-dir DIR   the suite, each test's wall and CPU seconds
+#        recorded in DIR (.venv/bin/python bench/suite_time.py DIR: where the time goes)
 # Two pytest-xdist workers share the 2 cores, each test where a worker is free; the tests of one xdist_group
 # (those sharing an expensive module fixture, to build it once) run on one worker. Give -n 0 to run in one
 # process (e.g. with --pdb).
