@@ -5,9 +5,9 @@ waited for (MPI ranks, scripts, benches), by test file, beside what the cores co
     .venv/bin/python bench/suite_time.py DIR [--top 25] [--cores N]                      # the tables
 
 As a pytest plugin (-p bench.suite_time) it appends a row per test (node id, wall s, CPU s) to DIR/<pid>.tsv, one file
-per xdist worker. A test's CPU is getrusage(SELF) + getrusage(CHILDREN) across it: every process it waited for is
-counted (mpiexec waits for its ranks), one it left running is not. Record on a quiet machine: anything beside the
-suite stretches the wall figures, and a test's CPU includes what its processes lost to contention.
+per xdist worker (DIR must be new or empty). A test's CPU is getrusage(SELF) + getrusage(CHILDREN) across it: every
+process it waited for is counted (mpiexec waits for its ranks), one it left running is not. Record on a quiet machine:
+anything beside the suite stretches the wall figures, and a test's CPU includes what its processes lost to contention.
 """
 from __future__ import annotations
 
@@ -34,6 +34,14 @@ def cpu_seconds() -> float:
 def pytest_addoption(parser):
     parser.addoption("--suite-time-dir", metavar="DIR", help="bench/suite_time.py: where to write each test's "
                                                               "wall and CPU seconds")
+
+
+def pytest_configure(config):
+    """Refuse a folder holding another run's times (its rows would add to these), once, before the workers start."""
+    folder = config.getoption("--suite-time-dir")
+    if folder and not hasattr(config, "workerinput") and list(Path(folder).glob("*.tsv")):
+        raise pytest.UsageError(f"--suite-time-dir {folder} holds the times of another run; give a new or empty "
+                                f"folder")
 
 
 @pytest.hookimpl(hookwrapper=True)

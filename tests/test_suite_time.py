@@ -36,10 +36,13 @@ def test_records_each_tests_own_and_childrens_cpu_on_xdist_workers(tmp_path):
     (tmp_path / "test_probe.py").write_text(PROBE)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     record = tmp_path / "times"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider",
-                           "-p", "bench.suite_time", "--suite-time-dir", str(record), str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    def suite():
+        return subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider",
+                               "-p", "bench.suite_time", "--suite-time-dir", str(record), str(tmp_path)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    proc = suite()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {}
     for path in record.glob("*.tsv"):
@@ -61,6 +64,10 @@ def test_records_each_tests_own_and_childrens_cpu_on_xdist_workers(tmp_path):
     assert by_file[1] == "2" and abs(float(by_file[3]) - total_cpu) < 0.1 and by_file[4] == "100.0% |", by_file
     top = [line for line in lines if line.startswith("| test_probe.py::")]
     assert len(top) == 1 and "test_child_burns_cpu" in top[0], proc.stdout
+    # a second run into the same folder would add its rows to the first's: refused before any test runs
+    proc = suite()
+    assert proc.returncode == 4 and "holds the times of another run" in proc.stderr, proc.stdout + proc.stderr
+    assert sum(len(path.read_text().splitlines()) for path in record.glob("*.tsv")) == 2
 
 
 def test_report_refuses_what_it_cannot_read(tmp_path):
