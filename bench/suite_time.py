@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sparse_asr.fileio import RECORD_BYTES, open_append, read_text
+from sparse_asr.fileio import RECORD_BYTES, check_directory, open_append, read_text
 
 
 def cpu_seconds() -> float:
@@ -37,9 +37,16 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    """Refuse a folder holding another run's times (its rows would add to these), once, before the workers start."""
+    """The folder made, or refused when it cannot hold this run's times alone (another run's rows would add to these),
+    once, before the workers start."""
     folder = config.getoption("--suite-time-dir")
-    if folder and not hasattr(config, "workerinput") and list(Path(folder).glob("*.tsv")):
+    if not folder or hasattr(config, "workerinput"):
+        return
+    try:
+        os.makedirs(check_directory(folder, "the folder"), exist_ok=True)
+    except OSError as e:  # UnsafePathError too: a file or a dangling link at the name
+        raise pytest.UsageError(f"--suite-time-dir: {e}") from None
+    if list(Path(folder).glob("*.tsv")):
         raise pytest.UsageError(f"--suite-time-dir {folder} holds the times of another run; give a new or empty "
                                 f"folder")
 
@@ -52,7 +59,6 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     if folder:
         wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
-        os.makedirs(folder, exist_ok=True)
         with open_append(os.path.join(folder, f"{os.getpid()}.tsv")) as f:  # no link, no FIFO at the name
             f.write(f"{item.nodeid}\t{wall:.3f}\t{cpu:.3f}\n".encode())
 

@@ -36,13 +36,14 @@ def test_records_each_tests_own_and_childrens_cpu_on_xdist_workers(tmp_path):
     (tmp_path / "test_probe.py").write_text(PROBE)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     record = tmp_path / "times"
-    def suite():
+
+    def suite(folder):
         return subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider",
-                               "-p", "bench.suite_time", "--suite-time-dir", str(record), str(tmp_path)],
+                               "-p", "bench.suite_time", "--suite-time-dir", str(folder), str(tmp_path)],
                               cwd=tmp_path, capture_output=True, text=True, timeout=120,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
 
-    proc = suite()
+    proc = suite(record)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {}
     for path in record.glob("*.tsv"):
@@ -65,9 +66,15 @@ def test_records_each_tests_own_and_childrens_cpu_on_xdist_workers(tmp_path):
     top = [line for line in lines if line.startswith("| test_probe.py::")]
     assert len(top) == 1 and "test_child_burns_cpu" in top[0], proc.stdout
     # a second run into the same folder would add its rows to the first's: refused before any test runs
-    proc = suite()
+    proc = suite(record)
     assert proc.returncode == 4 and "holds the times of another run" in proc.stderr, proc.stdout + proc.stderr
     assert sum(len(path.read_text().splitlines()) for path in record.glob("*.tsv")) == 2
+    # a file where the folder should be: one line before any test runs, not an error in every test
+    a_file = next(record.glob("*.tsv"))
+    proc = suite(a_file)
+    said = f"--suite-time-dir: the folder {a_file} exists and is not a directory"
+    assert proc.returncode == 4 and said in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "passed" not in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_report_refuses_what_it_cannot_read(tmp_path):
